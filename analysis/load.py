@@ -1,0 +1,176 @@
+"""Read a results store into tidy DataFrames.
+
+Only the store's files are read (never `orchestrator` or `jobs`), so this works from a notebook on a
+copied store. Layout (format_version 1):
+
+    store.json                         {"format_version": 1}
+    runs/<run_id>/config.yaml          resolved config: seed, family.name, model.name (the size), ...
+    runs/<run_id>/state.json           {"status": ..., "error": ...}
+    runs/<run_id>/metrics.json         {"metrics": {...}, "higher_is_better": {...}, "curves": {...}}
+    runs/<run_id>/items/<eval>.parquet item_id, metric, score, weight (per-example outputs)
+    sweeps/<name>/sweep.yaml           {name, overrides, run_ids, created_at}
+
+Sweep membership: a run may be listed by several sweeps. With `sweep=None` the `sweep` column holds
+the earliest-created sweep that lists the run (ties broken by name), or None when no sweep lists it.
+A run listed by a sweep but without a state file yet counts as "pending", one whose state file
+cannot be parsed as "corrupt".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+FORMAT_VERSION = 1
+KEY_COLUMNS = ["run_id", "sweep", "family", "size", "seed"]
+VALUE_COLUMNS = ["metric", "value", "higher_is_better"]
+ITEM_COLUMNS = ["metric", "item_id", "score", "weight"]
+# Config keys that become the key columns; every other varying key is reported as a dotted column.
+_KEY_CONFIG = {"seed": "seed", "family.name": "family", "model.name": "size"}
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _check_store(root: Path) -> None:
+    marker = root / "store.json"
+    if not marker.is_file():
+        raise FileNotFoundError(f"{root} is not a results store (no store.json)")
+    version = _read_json(marker).get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"{marker}: format_version {version!r}, this reader knows {FORMAT_VERSION}")
+
+
+def load_sweep(store_root: str | Path, sweep: str) -> dict:
+    """The sweep's record (name, overrides, run_ids, created_at), as the orchestrator wrote it."""
+    root = Path(store_root)
+    _check_store(root)
+    path = root / "sweeps" / sweep / "sweep.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no sweep named {sweep!r} in {root / 'sweeps'}")
+    return yaml.safe_load(path.read_text())
+
+
+def _sweep_membership(root: Path, sweep: str | None) -> dict[str, str | None]:
+    """run_id -> sweep for the selection: the sweep's runs, or every run directory in the store."""
+    if sweep is not None:
+        return {run_id: sweep for run_id in load_sweep(root, sweep)["run_ids"]}
+    specs = [yaml.safe_load(p.read_text()) for p in sorted((root / "sweeps").glob("*/sweep.yaml"))]
+    membership: dict[str, str | None] = {}
+    for spec in sorted(specs, key=lambda s: (str(s.get("created_at", "")), s["name"])):
+        for run_id in spec["run_ids"]:
+            membership.setdefault(run_id, spec["name"])
+    run_dirs = (root / "runs").glob("*/") if (root / "runs").is_dir() else []
+    return {run_dir.name: membership.get(run_dir.name) for run_dir in sorted(run_dirs)}
+
+
+def _flat_config(run_dir: Path) -> dict:
+    """The run's config as {dotted key: value}; lists and mappings become JSON text, so they compare."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return {}
+    flat = pd.json_normalize(yaml.safe_load(path.read_text()) or {}, sep=".").to_dict("records")[0]
+    return {k: json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v for k, v in flat.items()}
+
+
+def _state(run_dir: Path) -> dict:
+    """The run's state; no file yet is "pending", an unreadable one "corrupt" (listed, not fatal)."""
+    path = run_dir / "state.json"
+    try:
+        return _read_json(path) if path.is_file() else {"status": "pending"}
+    except ValueError as error:
+        return {"status": "corrupt", "error": f"unreadable state.json: {error}"}
+
+
+def _run_table(store_root: str | Path, sweep: str | None) -> pd.DataFrame:
+    """One row per selected run: key columns, status, error and the flattened config."""
+    root = Path(store_root)
+    _check_store(root)
+    rows = []
+    for run_id, run_sweep in _sweep_membership(root, sweep).items():
+        run_dir = root / "runs" / run_id
+        state = _state(run_dir)
+        config = _flat_config(run_dir)
+        keys = {column: config.pop(key, None) for key, column in _KEY_CONFIG.items()}
+        rows.append({"run_id": run_id, "sweep": run_sweep, **keys,
+                     "status": state.get("status"), "error": state.get("error"), "config": config})
+    table = pd.DataFrame(rows, columns=[*KEY_COLUMNS, "status", "error", "config"])
+    table["seed"] = table["seed"].astype("Int64")
+    return table.sort_values(["family", "size", "seed", "run_id"], ignore_index=True)
+
+
+def _varying_config(configs: pd.Series) -> pd.DataFrame:
+    """The config keys whose values differ across the runs, one dotted column each (sorted by name).
+
+    A column mixing kinds of value (text and numbers) is turned into text so it stays one type.
+    """
+    flat = pd.DataFrame(list(configs), index=configs.index)
+    varying = sorted(c for c in flat.columns if flat[c].nunique(dropna=False) > 1)
+    flat = flat[varying]
+    for column in varying:
+        kinds = {type(v) for v in flat[column].dropna()}
+        if len(kinds) > 1 and not kinds <= {int, float}:
+            flat[column] = flat[column].map(lambda v: v if pd.isna(v) else str(v))
+    return flat
+
+
+def load_runs(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
+    """Every selected run, whatever its status, so failed and unfinished runs can be reported.
+
+    Columns: run_id, sweep, family, size, seed, status, error.
+    """
+    return _run_table(store_root, sweep).drop(columns="config")
+
+
+def _done(store_root: str | Path, sweep: str | None) -> pd.DataFrame:
+    runs = _run_table(store_root, sweep)
+    return runs[runs["status"] == "done"].reset_index(drop=True)
+
+
+def load(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
+    """One row per finished run x metric: the long table every statistic is computed from.
+
+    Columns: run_id, sweep, family, size, seed, metric, value, higher_is_better, then the dotted
+    config keys whose values vary across the selected finished runs (other than seed, family, size),
+    so runs that differ in more than family, size and seed are visible (`analysis.cell_keys` picks
+    those that split cells). Only runs whose status is "done" are included; see `load_runs` for the
+    others.
+    """
+    runs = _done(store_root, sweep)
+    root = Path(store_root)
+    rows = []
+    for run in runs.itertuples():
+        metrics = _read_json(root / "runs" / run.run_id / "metrics.json")
+        directions = metrics.get("higher_is_better", {})
+        rows += [{"run_id": run.run_id, "metric": name,
+                  "value": float("nan") if value is None else float(value),
+                  "higher_is_better": directions.get(name)}
+                 for name, value in sorted(metrics.get("metrics", {}).items())]
+    values = pd.DataFrame(rows, columns=["run_id", *VALUE_COLUMNS])
+    values = values.astype({"value": float, "higher_is_better": "boolean"})
+    config = _varying_config(runs.set_index("run_id")["config"])
+    keyed = runs[KEY_COLUMNS].merge(values, on="run_id", how="inner")
+    return keyed.merge(config, left_on="run_id", right_index=True, how="left")
+
+
+def load_items(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
+    """Per-example evaluation outputs of the finished runs, for item-level (hierarchical) resampling.
+
+    Columns: run_id, family, size, seed, metric, item_id, score, weight, plus any extra columns the
+    item files carry (such as cluster_id).
+    """
+    runs = _done(store_root, sweep)
+    root = Path(store_root)
+    keys = ["run_id", "family", "size", "seed"]
+    frames = [pd.read_parquet(path).assign(run_id=run.run_id)
+              for run in runs.itertuples()
+              for path in sorted((root / "runs" / run.run_id / "items").glob("*.parquet"))]
+    if not frames:
+        return pd.DataFrame(columns=[*keys, *ITEM_COLUMNS])
+    items = runs[keys].merge(pd.concat(frames, ignore_index=True), on="run_id", how="inner")
+    extra = [c for c in items.columns if c not in keys and c not in ITEM_COLUMNS]
+    return items[[*keys, *ITEM_COLUMNS, *extra]]

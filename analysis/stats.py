@@ -1,0 +1,416 @@
+"""Seed-level statistics for multi-seed comparisons (design/statistics.md, sections a, b, d, e).
+
+The unit of replication is the seed. Every function takes the long table of `analysis.load`
+(family, size, seed, metric, value, higher_is_better, plus the config keys that vary across the runs)
+and returns a tidy table. A cell is (family, size, the values of `cell_keys`, metric): runs that differ
+in a swept hyper-parameter such as train.lr are different experiments, never averaged together.
+Resampling draws from `stable_rng`, so the same store always gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestIndPower, TTestPower
+
+from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
+
+CELL_COLUMNS = ["family", "size", "metric", "higher_is_better", "n_seeds", "seeds", "mean", "std", "sem", "ci_level",
+                "ci_low", "ci_high", "boot_ci_low", "boot_ci_high", "boot_method", "n_boot",
+                "boot_reliable", "single_seed", "iqm"]
+COMPARISON_COLUMNS = [
+    "family", "baseline", "size", "metric", "higher_is_better", "pairing", "n_pairs", "n_candidate", "n_baseline",
+    "seeds_dropped", "single_seed", "diff_mean", "diff_std", "ci_level", "ci_low", "ci_high",
+    "tost_low", "tost_high", "p_value", "correction", "p_adj", "p_holm", "welch_p", "welch_df",
+    "welch_low", "welch_high", "signflip_p", "p_min_attainable", "prob_improvement", "mannwhitney_p",
+    "seed_wins", "wins_low", "wins_high", "dz", "sigma", "sigma_df", "sigma_pooled", "delta_min",
+    "seeds_needed", "seeds_needed_conservative", "seeds_needed_observed", "seeds_more",
+    "seeds_unresolvable", "verdict"]
+REFERENCE_PREFIX = "ngram"
+N_BOOT = 9_999
+BOOT_RELIABLE_N = 10  # below this BCa over seeds under-covers (0.74 at n=3, 0.92 at n=10)
+IQM_MIN_N = 4  # with 3 seeds the 25% trimmed mean is the mean
+SEEDS_MAX = 50  # seeds_needed above this is reported as SEEDS_MAX + 1: "> 50"
+EXACT_PERMUTATIONS = 100_000  # enumerate sign flips exactly while 2^n stays below this
+POOL_BELOW_DF = 2  # a cell with fewer than 3 pairs borrows its seed noise from the other sizes
+# Config keys that never split cells: family.* only exists for its own family (family.growth.alpha is
+# NaN for dense), and the rest say where and how a run ran, which cannot change its results.
+NON_CELL_PREFIXES = ("family.", "store.", "cluster.", "resources.", "eval.resources.")
+NON_CELL_KEYS = ("train.max_retries", "train.checkpoint_every")
+
+# Degenerate inputs (identical values, two seeds) make scipy warn and return NaN or a zero-width
+# interval; those outcomes are the documented results, so the warnings are not shown.
+_EXPECTED_WARNINGS = (RuntimeWarning, stats.DegenerateDataWarning)
+
+
+def is_reference(metric: str) -> bool:
+    """ngram* metrics are in-context n-gram estimators, identical in every run: not model results."""
+    return metric.startswith(REFERENCE_PREFIX)
+
+
+def stable_rng(*key: object) -> np.random.Generator:
+    """A generator seeded from a hash of `key` (analysis seed, cell, purpose) that, unlike Python's
+    hash(), is the same in every process, so reports are reproducible byte for byte."""
+    digest = hashlib.sha256("\x1f".join(map(str, key)).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+@contextmanager
+def _quiet():
+    with warnings.catch_warnings():
+        for category in _EXPECTED_WARNINGS:
+            warnings.simplefilter("ignore", category)
+        yield
+
+
+def cell_keys(df: pd.DataFrame) -> list[str]:
+    """The config columns of `df` that split cells, in table order: every column beyond the standard
+    ones of `analysis.load` that varies within some (family, size).
+
+    A key constant within each (family, size) only restates the family or the size (model.n_layers of
+    looped, a size's own steps), so it must not stop a family from pairing with the baseline. Keys in
+    NON_CELL_PREFIXES and NON_CELL_KEYS are left out as well.
+    """
+    standard = {*KEY_COLUMNS, *VALUE_COLUMNS}
+    extra = [c for c in df.columns
+             if c not in standard and not c.startswith(NON_CELL_PREFIXES) and c not in NON_CELL_KEYS]
+    if not extra or df.empty:
+        return []
+    spread = df.groupby(["family", "size"], dropna=False)[extra].nunique(dropna=False).max()
+    return [c for c in extra if spread[c] > 1]
+
+
+def _keys(df: pd.DataFrame, by: Sequence[str] | None) -> list[str]:
+    """`by`, or the detected `cell_keys` when it is None."""
+    keys = cell_keys(df) if by is None else list(by)
+    missing = [k for k in keys if k not in df.columns]
+    if missing:
+        raise ValueError(f"by names columns the table does not have: {missing}")
+    return keys
+
+
+def _after_size(columns: list[str], keys: list[str]) -> list[str]:
+    """A table's columns with the cell keys right after `size`."""
+    at = columns.index("size") + 1
+    return [*columns[:at], *keys, *columns[at:]]
+
+
+def _seed_values(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Finite values with one row per cell and seed; a duplicate means the runs differ in a config key
+    that does not split cells, and mixing them would silently average different experiments."""
+    values = df[np.isfinite(df["value"])]
+    cell_seed = ["family", "size", *keys, "metric", "seed"]
+    duplicated = values.duplicated(cell_seed, keep=False)
+    if duplicated.any():
+        _, same = next(iter(values[duplicated].groupby(cell_seed, dropna=False, sort=False)))
+        example = same.iloc[0]
+        differing = [c for c in same.columns if c not in ("run_id", "value") and same[c].nunique(dropna=False) > 1]
+        raise ValueError(
+            f"several runs for family={example['family']} size={example['size']} seed={example['seed']}"
+            f" metric={example['metric']}{''.join(f' {k}={example[k]}' for k in keys)}: the runs differ in"
+            f" another config key ({', '.join(differing) or 'not among the columns'}); filter the table first"
+            " or name the key in by=")
+    return values
+
+
+def _directions(df: pd.DataFrame) -> dict[str, bool]:
+    """metric -> higher_is_better, from the runs that declare it; runs disagreeing is a data error."""
+    declared = df.dropna(subset=["higher_is_better"]).groupby("metric")["higher_is_better"].unique()
+    conflicting = [metric for metric, values in declared.items() if len(values) > 1]
+    if conflicting:
+        raise ValueError(f"runs disagree on higher_is_better for {conflicting}")
+    return {metric: bool(values[0]) for metric, values in declared.items()}
+
+
+def t_interval(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """mean +- t(1 - (1 - level)/2, n - 1) * sem: the headline interval, which keeps its coverage
+    with 3 seeds where bootstraps do not. NaN for fewer than 2 values."""
+    if len(x) < 2:
+        return math.nan, math.nan
+    half = stats.t.ppf((1 + level) / 2, len(x) - 1) * stats.sem(x)  # zero when all seeds agree
+    return float(np.mean(x) - half), float(np.mean(x) + half)
+
+
+def bootstrap_ci(x: np.ndarray, rng: np.random.Generator, level: float = 0.95,
+                 n_resamples: int = N_BOOT, method: str = "BCa") -> tuple[float, float]:
+    """Bootstrap interval of the mean over seeds (secondary; trust it from BOOT_RELIABLE_N seeds)."""
+    if len(x) < 2:
+        return math.nan, math.nan
+    with _quiet():
+        ci = stats.bootstrap((x,), np.mean, n_resamples=n_resamples, confidence_level=level,
+                             method=method, rng=rng).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
+def iqm(x: np.ndarray) -> float:
+    """Interquartile mean (rliable's IQM, the 25% trimmed mean); NaN below IQM_MIN_N values."""
+    return float(stats.trim_mean(x, 0.25)) if len(x) >= IQM_MIN_N else math.nan
+
+
+def _join(seeds) -> str:
+    return ",".join(str(s) for s in sorted(seeds))
+
+
+def summarize(df: pd.DataFrame, level: float = 0.95, n_boot: int = N_BOOT, seed: int = 0,
+              by: Sequence[str] | None = None) -> pd.DataFrame:
+    """The `cells` table: per cell (family, size, cell keys, metric), mean, std, sem, t-interval
+    (headline), BCa bootstrap interval (secondary, flagged unreliable below 10 seeds) and IQM (from 4
+    seeds).
+
+    The cell keys are `by`, or `cell_keys(df)` when by is None (the default), and come right after
+    `size`. `seeds` is the sorted seeds as comma-separated text. NaN values are left out.
+    """
+    keys = _keys(df, by)
+    cell_columns = ["family", "size", *keys, "metric"]
+    directions = _directions(df)
+    rows = []
+    for cell_values, cell in _seed_values(df, keys).groupby(cell_columns, sort=True, dropna=False):
+        x = cell.sort_values("seed")["value"].to_numpy(float)
+        n = len(x)
+        ci = t_interval(x, level)
+        boot = bootstrap_ci(x, stable_rng(seed, *cell_values, "cell-bootstrap"), level, n_boot)
+        metric = cell_values[-1]
+        rows.append({
+            **dict(zip(cell_columns, cell_values)),
+            "higher_is_better": directions.get(metric), "n_seeds": n, "seeds": _join(cell["seed"]),
+            "mean": float(np.mean(x)), "std": float(np.std(x, ddof=1)) if n > 1 else math.nan,
+            "sem": float(stats.sem(x)) if n > 1 else math.nan, "ci_level": level,
+            "ci_low": ci[0], "ci_high": ci[1], "boot_ci_low": boot[0], "boot_ci_high": boot[1],
+            "boot_method": "BCa", "n_boot": n_boot, "boot_reliable": n >= BOOT_RELIABLE_N,
+            "single_seed": n == 1, "iqm": iqm(x),
+        })
+    cells = pd.DataFrame(rows, columns=_after_size(CELL_COLUMNS, keys))
+    cells["higher_is_better"] = cells["higher_is_better"].astype("boolean")
+    return cells
+
+
+def pooled_std(std: Sequence[float], n: Sequence[int]) -> tuple[float, int]:
+    """sqrt(sum((n_i - 1) s_i^2) / sum(n_i - 1)) and its degrees of freedom, over groups with n_i >= 2:
+    one estimate of seed noise from several cells when each has too few seeds."""
+    std, n = np.asarray(std, float), np.asarray(n, int)
+    usable = (n >= 2) & np.isfinite(std)
+    df = int(np.sum(n[usable] - 1))
+    if df == 0:
+        return math.nan, 0
+    return float(np.sqrt(np.sum((n[usable] - 1) * std[usable] ** 2) / df)), df
+
+
+def sigma_upper(sigma: float, df: int, level: float = 0.8) -> float:
+    """One-sided `level` upper confidence bound of a standard deviation with `df` degrees of freedom.
+    A sigma from 3 seeds is very uncertain; planning with this bound is the conservative reading."""
+    return float(sigma * np.sqrt(df / stats.chi2.ppf(1 - level, df))) if df > 0 else math.nan
+
+
+def seeds_needed(sigma: float, delta: float, alpha: float = 0.05, power: float = 0.8,
+                 paired: bool = True, max_seeds: int = SEEDS_MAX) -> int:
+    """Smallest n >= 2 (pairs, or seeds per family when unpaired) whose two-sided t-test reaches
+    `power` for a true gap `delta` with seed noise `sigma`; max_seeds + 1 means "more than max_seeds".
+
+    Searched over integers, because solve_power returns fractional n and can fail to converge for
+    large effects. For planning only: post-hoc power of an observed effect is not evidence.
+    """
+    if not sigma >= 0:
+        raise ValueError(f"sigma must be a non-negative number, got {sigma}")
+    if delta == 0:
+        return max_seeds + 1
+    if sigma == 0:
+        return 2
+    n = np.arange(2, max_seeds + 1)
+    analysis = TTestPower() if paired else TTestIndPower()
+    reached = analysis.power(abs(delta) / sigma, n, alpha) >= power
+    return int(n[np.argmax(reached)]) if reached.any() else max_seeds + 1
+
+
+def adjust_pvalues(p: Sequence[float], method: str, alpha: float = 0.05) -> np.ndarray:
+    """statsmodels' multipletests with the method always explicit (its default is Holm-Sidak);
+    NaN p-values (untestable comparisons) stay NaN and do not count towards the family size."""
+    p = np.asarray(p, float)
+    adjusted = np.full_like(p, np.nan)
+    testable = np.isfinite(p)
+    if testable.any():
+        adjusted[testable] = multipletests(p[testable], alpha=alpha, method=method)[1]
+    return adjusted
+
+
+def holm(p: Sequence[float], alpha: float = 0.05) -> np.ndarray:
+    """Holm step-down adjusted p-values: family-wise error control for the confirmatory family."""
+    return adjust_pvalues(p, "holm", alpha)
+
+
+def p_min_signflip(n: int) -> float:
+    """Smallest two-sided p an exact sign-flip test can reach with n pairs: 2 / 2^n (0.25 at n=3)."""
+    return min(1.0, 2 / 2**n) if n > 0 else math.nan
+
+
+def p_min_mannwhitney(n_x: int, n_y: int) -> float:
+    """Smallest two-sided exact Mann-Whitney p for n_x vs n_y values: 2 / C(n_x + n_y, n_x)."""
+    return min(1.0, 2 / math.comb(n_x + n_y, n_x)) if n_x and n_y else math.nan
+
+
+def _signflip_p(delta: np.ndarray, rng: np.random.Generator) -> float:
+    exact = 2 ** len(delta) <= EXACT_PERMUTATIONS
+    result = stats.permutation_test((delta,), np.mean, permutation_type="samples", vectorized=True,
+                                    n_resamples=np.inf if exact else N_BOOT, rng=rng)
+    return float(result.pvalue)
+
+
+def compare_seeds(candidate: pd.Series, baseline: pd.Series, pairing: str = "paired",
+                  alpha: float = 0.05, rng: np.random.Generator | None = None) -> dict:
+    """All seed-level statistics of one comparison; both series are indexed by seed and already
+    signed so that larger is better.
+
+    The main test follows `pairing` (paired t on the matched seeds, or Welch on all seeds); Welch,
+    the sign-flip test, P(X > Y) and seed wins are always reported beside it. In unpaired mode
+    diff_std is the pooled seed std of the two families and dz is Cohen's d.
+    """
+    if pairing not in ("paired", "unpaired"):
+        raise ValueError(f"pairing must be 'paired' or 'unpaired', got {pairing!r}")
+    rng = rng if rng is not None else stable_rng("compare_seeds")
+    common = candidate.index.intersection(baseline.index).sort_values()
+    delta = (candidate[common] - baseline[common]).to_numpy(float)
+    x, y = candidate.to_numpy(float), baseline.to_numpy(float)
+    n, n_x, n_y = len(delta), len(x), len(y)
+    nan2 = (math.nan, math.nan)
+    with _quiet():
+        paired = stats.ttest_rel(candidate[common], baseline[common]) if n >= 2 else None
+        welch = stats.ttest_ind(x, y, equal_var=False) if min(n_x, n_y) >= 2 else None
+        main = paired if pairing == "paired" else welch
+        ci = main.confidence_interval(1 - alpha) if main else nan2
+        tost = main.confidence_interval(1 - 2 * alpha) if main else nan2
+        welch_ci = welch.confidence_interval(1 - alpha) if welch else nan2
+        u = stats.mannwhitneyu(x, y) if n_x and n_y else None
+        signflip = _signflip_p(delta, rng) if n >= 2 else math.nan
+    if pairing == "paired":
+        diff_mean = float(delta.mean()) if n else math.nan
+        diff_std = float(delta.std(ddof=1)) if n >= 2 else math.nan
+        p_min = p_min_signflip(n)
+    else:
+        diff_mean = float(x.mean() - y.mean()) if n_x and n_y else math.nan
+        diff_std = pooled_std([np.std(x, ddof=1) if n_x > 1 else math.nan,
+                               np.std(y, ddof=1) if n_y > 1 else math.nan], [n_x, n_y])[0]
+        p_min = p_min_mannwhitney(n_x, n_y)
+    wins = int(np.sum(delta > 0))
+    wins_ci = stats.binomtest(wins, n).proportion_ci(method="exact") if n else None
+    return {
+        "pairing": pairing, "n_pairs": n, "n_candidate": n_x, "n_baseline": n_y,
+        "seeds_dropped": _join(candidate.index.symmetric_difference(baseline.index)) if pairing == "paired" else "",
+        "single_seed": (n if pairing == "paired" else min(n_x, n_y)) < 2,
+        "diff_mean": diff_mean, "diff_std": diff_std, "ci_level": 1 - alpha,
+        "ci_low": float(ci[0]), "ci_high": float(ci[1]),
+        "tost_low": float(tost[0]), "tost_high": float(tost[1]),
+        "p_value": float(main.pvalue) if main else math.nan,
+        "welch_p": float(welch.pvalue) if welch else math.nan, "welch_df": float(welch.df) if welch else math.nan,
+        "welch_low": float(welch_ci[0]), "welch_high": float(welch_ci[1]),
+        "signflip_p": signflip, "p_min_attainable": p_min,
+        "prob_improvement": float(u.statistic) / (n_x * n_y) if u else math.nan,
+        "mannwhitney_p": float(u.pvalue) if u else math.nan,
+        "seed_wins": wins, "wins_low": wins_ci.low if wins_ci else math.nan,
+        "wins_high": wins_ci.high if wins_ci else math.nan,
+        "dz": diff_mean / diff_std if diff_std > 0 else math.nan,
+    }
+
+
+def _sigma(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Seed noise for planning: the cell's own when it has 3+ pairs, else pooled over the sizes of the
+    same (family, cell keys, metric). Adds sigma, sigma_df and sigma_pooled."""
+    own_df = np.where(table["pairing"] == "paired", table["n_pairs"] - 1,
+                      table["n_candidate"] + table["n_baseline"] - 2).clip(min=0)
+    table = table.assign(sigma=table["diff_std"], sigma_df=own_df, sigma_pooled=own_df < POOL_BELOW_DF)
+    for _, group in table.groupby(["family", *keys, "metric"], dropna=False):
+        sigma, df = pooled_std(group["diff_std"], group["sigma_df"] + 1)
+        borrow = group.index[group["sigma_pooled"]]
+        table.loc[borrow, "sigma"] = sigma
+        table.loc[borrow, "sigma_df"] = df
+    return table
+
+
+def _plan(row: pd.Series, delta: float, alpha: float, conservative: bool = False):
+    """seeds_needed for one comparison row, or NA when its seed noise or the gap is unknown."""
+    sigma = sigma_upper(row["sigma"], row["sigma_df"]) if conservative else row["sigma"]
+    if not (np.isfinite(sigma) and np.isfinite(delta)):
+        return pd.NA
+    return seeds_needed(sigma, delta, alpha, paired=row["pairing"] == "paired")
+
+
+def _verdict(row: pd.Series, alpha: float) -> str:
+    decisive = row["p_adj"] < alpha
+    if decisive and row["ci_low"] > 0:
+        return "better"
+    if decisive and row["ci_high"] < 0:
+        return "worse"
+    if -row["delta_min"] < row["tost_low"] and row["tost_high"] < row["delta_min"]:
+        return "equivalent"
+    return "inconclusive"
+
+
+def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
+            primary_metrics: Sequence[str] = ("regbench_tvd",), alpha: float = 0.05,
+            delta_min: float | Mapping[str, float] = 0.02, seed: int = 0,
+            by: Sequence[str] | None = None) -> pd.DataFrame:
+    """The `comparisons` table: every family against `baseline`, per size, cell keys and metric.
+
+    The cell keys are `by`, or `cell_keys(df)` when by is None (the default), and come right after
+    `size`: a family is paired with the baseline at the same values of them (lidas at lr 0.003
+    against dense at lr 0.003), seed by seed.
+    delta = sign * (candidate - baseline), so delta > 0 always means better than the baseline.
+    p_adj is Holm over the confirmatory family (families x sizes x cell-key values x primary metrics,
+    column correction = "holm", also in p_holm) and Benjamini-Hochberg over all other metrics ("fdr_bh",
+    exploratory). verdict: better / worse (adjusted p < alpha and the CI excludes 0 on that side),
+    equivalent (the 1 - 2 alpha CI, tost_low..tost_high, inside +-delta_min), else inconclusive.
+    seeds_needed* are the seeds (pairs, or per family when unpaired) for 80% power at delta_min, at
+    the upper 80% bound of sigma (conservative) and at the observed gap; SEEDS_MAX + 1 means
+    "more than SEEDS_MAX" (seeds_unresolvable, and then seeds_more is NA). `delta_min` may map
+    metric -> margin; metrics not in the mapping get no equivalence verdict and no delta_min planning.
+    Reference (ngram*) metrics and metrics without a declared direction are not compared.
+    """
+    keys = _keys(df, by)
+    setting_columns = ["size", *keys, "metric"]
+    directions = _directions(df)
+    values = _seed_values(df, keys)
+    values = values[~values["metric"].map(is_reference).astype(bool) & values["metric"].isin(directions)]
+    rows = []
+    for setting, cell in values.groupby(setting_columns, sort=True, dropna=False):
+        metric = setting[-1]
+        sign = 1.0 if directions[metric] else -1.0
+        by_family = {family: sign * g.set_index("seed")["value"] for family, g in cell.groupby("family")}
+        if baseline not in by_family:
+            continue
+        for family in sorted(set(by_family) - {baseline}):
+            rng = stable_rng(seed, family, baseline, *setting, "signflip")
+            rows.append({"family": family, "baseline": baseline, **dict(zip(setting_columns, setting)),
+                         "higher_is_better": directions[metric],
+                         **compare_seeds(by_family[family], by_family[baseline], pairing, alpha, rng)})
+    columns = _after_size(COMPARISON_COLUMNS, keys)
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    table = _sigma(pd.DataFrame(rows), keys)
+    if isinstance(delta_min, Mapping):
+        table["delta_min"] = table["metric"].map(delta_min).astype(float)
+    else:
+        table["delta_min"] = float(delta_min)
+    table["correction"] = np.where(table["metric"].isin(primary_metrics), "holm", "fdr_bh")
+    table["p_adj"] = math.nan
+    for method, group in table.groupby("correction"):
+        table.loc[group.index, "p_adj"] = adjust_pvalues(group["p_value"], method, alpha)
+    table["p_holm"] = table["p_adj"].where(table["correction"] == "holm")
+    plans = {
+        "seeds_needed": lambda r: _plan(r, r["delta_min"], alpha),
+        "seeds_needed_conservative": lambda r: _plan(r, r["delta_min"], alpha, conservative=True),
+        "seeds_needed_observed": lambda r: _plan(r, abs(r["diff_mean"]), alpha),
+    }
+    for column, plan in plans.items():
+        table[column] = table.apply(plan, axis=1).astype("Int64")
+    have = np.where(table["pairing"] == "paired", table["n_pairs"],
+                    np.minimum(table["n_candidate"], table["n_baseline"]))
+    table["seeds_unresolvable"] = (table["seeds_needed"] > SEEDS_MAX).fillna(False).astype(bool)
+    table["seeds_more"] = (table["seeds_needed"] - have).clip(lower=0).mask(table["seeds_unresolvable"])
+    table["verdict"] = table.apply(_verdict, axis=1, alpha=alpha)
+    return table.sort_values(["metric", "size", *keys, "family"], ignore_index=True)[columns]

@@ -1,0 +1,99 @@
+"""How close the scheduler gets to the machine's limit. Prints two tables:
+
+1. makespan: the default sweep (3 families x 3 seeds, `tiny`) run into a fresh store; its job
+   phase (first job start to last job end) against sum(job wall times) / cores, the ideal.
+2. overhead: N no-op jobs through the full path (plan, Ray task, claim, state and metrics files)
+   against N raw Ray tasks of an empty function, on the same Ray cluster, in the same run.
+
+    python bench/sweep_efficiency.py [--size tiny] [--noop-jobs 1000] [--skip-sweep]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from orchestrator import grid, scheduler  # noqa: E402
+from orchestrator.cli import main  # noqa: E402
+from orchestrator.store import Store  # noqa: E402
+
+console = Console()
+
+
+def _t(stamp: str) -> float:
+    return dt.datetime.fromisoformat(stamp).timestamp()
+
+
+def makespan(size: str, root: Path) -> None:
+    t0 = time.monotonic()
+    code = main(["sweep", f"size={size}", f"store.root={root}", "--name", "bench"])
+    wall = time.monotonic() - t0
+    assert code == 0, f"sweep failed with exit code {code}"
+    store = Store(root)
+    spans = [(_t(j["started_at"]), _t(j["ended_at"]))
+             for rid in store.read_sweep("bench")["run_ids"]
+             for j in store.read_state(rid)["jobs"].values()]
+    busy = sum(e - s for s, e in spans)
+    phase = max(e for _, e in spans) - min(s for s, _ in spans)
+    cores = os.cpu_count()
+    table = Table(title=f"makespan, default sweep at size={size}, {cores} cores")
+    for col in ("jobs", "sum of job times", "ideal (sum/cores)", "job phase", "ratio", "whole command"):
+        table.add_column(col, justify="right")
+    table.add_row(str(len(spans)), f"{busy:.1f}s", f"{busy / cores:.1f}s", f"{phase:.1f}s",
+                  f"{phase / (busy / cores):.3f}", f"{wall:.1f}s")
+    console.print(table)
+
+
+def overhead(n: int, root: Path) -> None:
+    import ray
+
+    cfgs = [p.config for p in grid.expand(["family=dense", f"seed=range(0,{n})", "size=micro",
+                                           "eval.jobs=[noop]", f"store.root={root}"],
+                                          frozenset({"regbench", "noop"}))[0]]
+    store = Store(root)
+    store.create()
+    runs = scheduler.plan(cfgs, store)
+    for r in runs:
+        r.todo = ["noop"]
+        store.write_config(r.run_id, r.config)
+    cluster = cfgs[0]["cluster"]
+
+    scheduler.init_ray(cluster)
+    noop = ray.remote(lambda i: i)
+    ray.get([noop.options(num_cpus=1).remote(-1) for _ in range(4)])  # warm the workers up
+    t0 = time.monotonic()
+    ray.get([noop.options(num_cpus=1).remote(i) for i in range(n)])
+    raw = time.monotonic() - t0
+    t0 = time.monotonic()
+    scheduler.run(runs, store, cluster, Console(file=open(os.devnull, "w")))
+    full = time.monotonic() - t0
+    ray.shutdown()
+
+    table = Table(title=f"orchestration overhead, {n} no-op jobs")
+    for col in ("path", "wall", "per job", "ratio to raw Ray"):
+        table.add_column(col, justify="right")
+    table.add_row("raw Ray tasks", f"{raw:.2f}s", f"{raw / n * 1e3:.2f}ms", "1.00")
+    table.add_row("full path", f"{full:.2f}s", f"{full / n * 1e3:.2f}ms",
+                  f"{full / raw:.2f}")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--noop-jobs", type=int, default=1000)
+    parser.add_argument("--skip-sweep", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.skip_sweep:
+            makespan(args.size, Path(tmp) / "sweep")
+        overhead(args.noop_jobs, Path(tmp) / "noop")

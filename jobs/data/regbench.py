@@ -1,0 +1,287 @@
+"""RegBench-style in-context language learning data (Akyurek et al. 2024).
+
+Each problem instance is a handful of strings sampled from one random probabilistic
+finite automaton (PFA); a model must infer the automaton in context to predict the
+next symbol. Automata pools depend only on ``data.seed``; training batches are a pure
+function of ``(data.seed, run seed, step)``, so every model family trained with the
+same seed sees identical data and resuming needs no stream state.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+N_SYMBOLS = 18  # a..r = token ids 0..17
+SEP = 18  # "|" separates strings and opens every instance
+PAD = 19  # "." fills the instance up to seq_len + 1 tokens
+VOCAB = 20
+IGNORE = -100  # target id skipped by cross-entropy
+
+# Tags keep the random streams of the different uses apart.
+_HELDOUT_POOL, _TRAIN_POOL, _HELDOUT_STRINGS, _TRAIN_STRINGS = range(4)
+
+
+@dataclass(frozen=True)
+class RegBenchConfig:
+    """Hashable, validated view of the ``data`` config section (a dict or DictConfig)."""
+
+    seed: int
+    num_states: tuple[int, int]
+    alphabet_size: tuple[int, int]
+    transitions_per_state: tuple[int, int]
+    strings_per_instance: tuple[int, int]
+    string_length: tuple[int, int]
+    train_automata: int
+    heldout_automata: int
+    seq_len: int
+
+    @classmethod
+    def parse(cls, data_cfg: DataConfig) -> RegBenchConfig:
+        if isinstance(data_cfg, cls):
+            return data_cfg
+        if int(data_cfg["n_symbols"]) != N_SYMBOLS or int(data_cfg["vocab_size"]) != VOCAB:
+            raise ValueError(f"RegBench uses {N_SYMBOLS} symbols and a vocabulary of {VOCAB}")
+        ranges = {k: tuple(int(v) for v in data_cfg[k]) for k in (
+            "num_states", "alphabet_size", "transitions_per_state", "strings_per_instance", "string_length")}
+        for key, (lo, hi) in ranges.items():
+            if not 1 <= lo <= hi:
+                raise ValueError(f"data.{key} must be an inclusive range [lo, hi] with 1 <= lo <= hi")
+        if ranges["num_states"][0] < 2 or ranges["alphabet_size"][1] > N_SYMBOLS:
+            raise ValueError("need >= 2 states (no self-loops) and at most 18 alphabet symbols")
+        return cls(seed=int(data_cfg["seed"]), train_automata=int(data_cfg["train_automata"]),
+                   heldout_automata=int(data_cfg["heldout_automata"]), seq_len=int(data_cfg["seq_len"]),
+                   **ranges)
+
+
+DataConfig = Mapping[str, Any] | RegBenchConfig  # what the public functions accept as data_cfg
+
+
+# ----------------------------------------------------------------------------- automata
+
+
+def canonical(delta: np.ndarray, start: int = 0) -> np.ndarray:
+    """Renumber states in BFS order from ``start`` over ascending symbols, dropping
+    unreachable ones. Two trimmed DFAs are isomorphic iff their canonical tables match.
+
+    ``delta[state, symbol]`` is the next state, or -1 where the transition is missing.
+    """
+    new_id = {start: 0}
+    order = [start]
+    for state in order:  # ``order`` grows while we iterate: a BFS queue
+        for target in delta[state][delta[state] >= 0]:
+            if int(target) not in new_id:
+                new_id[int(target)] = len(order)
+                order.append(int(target))
+    relabel = np.full(len(delta) + 1, -1)  # index -1 keeps missing transitions missing
+    relabel[list(new_id)] = list(new_id.values())
+    return relabel[delta[order]]
+
+
+def minimise(delta: np.ndarray, start: int = 0) -> np.ndarray:
+    """Minimal canonical DFA of a partial DFA whose states all accept.
+
+    Moore partition refinement: missing transitions lead to an implicit rejecting sink,
+    so two states are equivalent iff they allow the same symbol sets all the way down.
+    """
+    block = np.zeros(len(delta), dtype=np.int64)
+    while True:
+        successor_blocks = np.where(delta >= 0, block[delta], -1)
+        signature = np.column_stack([block, successor_blocks])
+        ids: dict[bytes, int] = {}  # faster than np.unique(axis=0) on these tiny tables
+        refined = np.array([ids.setdefault(row.tobytes(), len(ids)) for row in signature])
+        if refined.max() == block.max():
+            break
+        block = refined
+    representative = np.unique(block, return_index=True)[1]
+    quotient = np.where(delta[representative] >= 0, block[delta[representative]], -1)
+    return canonical(quotient, int(block[start]))
+
+
+@dataclass(frozen=True)
+class Automaton:
+    """Minimal DFA in canonical form (start state 0, all states accepting).
+
+    Equality and hashing go through the canonical table, so structurally identical
+    automata compare equal. As a PFA, the next symbol is uniform over a state's
+    outgoing symbols.
+    """
+
+    n_states: int
+    table_bytes: bytes = field(repr=False)
+
+    @classmethod
+    def from_transitions(cls, delta: np.ndarray) -> Automaton:
+        table = minimise(np.asarray(delta, dtype=np.int64)).astype(np.int32)
+        return cls(len(table), table.tobytes())
+
+    @property
+    def delta(self) -> np.ndarray:
+        """``[n_states, 18]`` next state, -1 where the symbol is not allowed."""
+        return np.frombuffer(self.table_bytes, dtype=np.int32).reshape(self.n_states, N_SYMBOLS)
+
+
+def random_automaton(rng: np.random.Generator, cfg: RegBenchConfig) -> Automaton:
+    """One draw of the RegBench generator: k transitions per state on distinct alphabet
+    symbols to distinct other states (k capped at what the automaton allows), then minimised."""
+    n = int(rng.integers(cfg.num_states[0], cfg.num_states[1] + 1))
+    alphabet = rng.choice(N_SYMBOLS, size=int(rng.integers(cfg.alphabet_size[0], cfg.alphabet_size[1] + 1)),
+                          replace=False)
+    lo, hi = cfg.transitions_per_state
+    k = np.minimum(rng.integers(lo, hi + 1, size=n), min(len(alphabet), n - 1))
+    symbols = alphabet[rng.random((n, len(alphabet))).argsort(axis=1)]  # a random order per state
+    target_keys = rng.random((n, n))
+    np.fill_diagonal(target_keys, np.inf)  # self comes last, never among the first n - 1
+    targets = target_keys.argsort(axis=1)
+    state, slot = np.nonzero(np.arange(n - 1) < k[:, None])
+    delta = np.full((n, N_SYMBOLS), -1)
+    delta[state, symbols[state, slot]] = targets[state, slot]
+    return Automaton.from_transitions(delta)
+
+
+def _sample_distinct(rng: np.random.Generator, cfg: RegBenchConfig, count: int,
+                     exclude: frozenset[Automaton]) -> tuple[Automaton, ...]:
+    found: dict[Automaton, None] = {}  # insertion-ordered set
+    for _ in range(20 * count + 1000):
+        if len(found) == count:
+            return tuple(found)
+        automaton = random_automaton(rng, cfg)
+        if automaton not in exclude:
+            found[automaton] = None
+    raise ValueError(f"could not find {count} distinct automata: the configured space is too small")
+
+
+@lru_cache(maxsize=4)
+def _pools(cfg: RegBenchConfig) -> tuple[tuple[Automaton, ...], tuple[Automaton, ...]]:
+    # Held-out first, from its own stream: it stays fixed when train_automata changes.
+    heldout = _sample_distinct(np.random.default_rng([cfg.seed, _HELDOUT_POOL]), cfg,
+                               cfg.heldout_automata, frozenset())
+    train = _sample_distinct(np.random.default_rng([cfg.seed, _TRAIN_POOL]), cfg,
+                             cfg.train_automata, frozenset(heldout))
+    return train, heldout
+
+
+def sample_automata(data_cfg: DataConfig) -> tuple[list[Automaton], list[Automaton]]:
+    """(train, held-out) pools of distinct automata, disjoint by canonical form, from data.seed."""
+    train, heldout = _pools(RegBenchConfig.parse(data_cfg))
+    return list(train), list(heldout)
+
+
+# ----------------------------------------------------------------------------- instances
+
+
+class _PoolTables:
+    """Padded transition tables of a pool, flattened to rows ``automaton * width + state``,
+    so random walks advance every string of a batch with one gather per step."""
+
+    def __init__(self, automata: tuple[Automaton, ...]):
+        self.width = max(a.n_states for a in automata)
+        delta = np.full((len(automata), self.width, N_SYMBOLS), -1, dtype=np.int64)
+        for i, automaton in enumerate(automata):
+            delta[i, :automaton.n_states] = automaton.delta
+        self.delta = delta.reshape(-1, N_SYMBOLS)
+        self.allowed = self.delta >= 0
+        self.out_degree = self.allowed.sum(axis=1)
+        # Outgoing symbols first (ascending), so slot j < out_degree picks a symbol.
+        self.out_symbols = np.argsort(~self.allowed, axis=1, kind="stable")
+
+    def walk(self, automaton: np.ndarray, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Random walks from the start state: symbols and the state after each, ``[W, length]``."""
+        row = automaton * self.width
+        uniform = rng.random((length, len(automaton)))
+        symbols = np.empty((length, len(automaton)), dtype=np.int64)
+        states = np.empty_like(symbols)
+        for t in range(length):
+            slot = (uniform[t] * self.out_degree[row]).astype(np.int64)
+            symbols[t] = self.out_symbols[row, slot]
+            states[t] = self.delta[row, symbols[t]]
+            row = automaton * self.width + states[t]
+        return symbols.T, states.T
+
+
+def _instances(tables: _PoolTables, automaton: np.ndarray, cfg: RegBenchConfig,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``| s1 | s2 | ... | sn`` per row, cut/padded to seq_len + 1 tokens, with the automaton
+    state after each token (start state after a separator, -1 on padding)."""
+    n_rows, n_tokens = len(automaton), cfg.seq_len + 1
+    n_strings = rng.integers(cfg.strings_per_instance[0], cfg.strings_per_instance[1] + 1, size=n_rows)
+    lengths = rng.integers(cfg.string_length[0], cfg.string_length[1] + 1,
+                           size=(n_rows, cfg.strings_per_instance[1]))
+    starts = np.cumsum(lengths + 1, axis=1) - lengths  # first symbol of string i, after i + 1 separators
+    used = (np.arange(lengths.shape[1]) < n_strings[:, None]) & (starts - 1 < n_tokens)
+    row, string = np.nonzero(used)
+
+    tokens = np.full((n_rows, n_tokens), PAD, dtype=np.int64)
+    states = np.full((n_rows, n_tokens), -1, dtype=np.int64)
+    tokens[row, starts[row, string] - 1] = SEP
+    states[row, starts[row, string] - 1] = 0
+
+    symbols, after = tables.walk(automaton[row], int(lengths[row, string].max()), rng)
+    offset = np.arange(symbols.shape[1])
+    position = starts[row, string][:, None] + offset
+    inside = (offset < lengths[row, string][:, None]) & (position < n_tokens)
+    row_of = np.broadcast_to(row[:, None], position.shape)[inside]
+    tokens[row_of, position[inside]] = symbols[inside]
+    states[row_of, position[inside]] = after[inside]
+    return tokens, states
+
+
+class TrainStream:
+    """Training batches as a pure function of (data.seed, seed, step)."""
+
+    def __init__(self, data_cfg: DataConfig, seed: int, batch_size: int):
+        self.cfg = RegBenchConfig.parse(data_cfg)
+        self.seed, self.batch_size = int(seed), int(batch_size)
+        self.tables = _PoolTables(_pools(self.cfg)[0])
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs, targets)`` LongTensors ``[B, seq_len]``; targets are -100 where the next
+        token is a separator or pad, so the model never learns to predict ``|``."""
+        rng = np.random.default_rng([self.cfg.seed, _TRAIN_STRINGS, self.seed, int(step)])
+        tokens, _ = _instances(self.tables, rng.integers(self.cfg.train_automata, size=self.batch_size), self.cfg, rng)
+        targets = np.where(tokens[:, 1:] < N_SYMBOLS, tokens[:, 1:], IGNORE)
+        return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(targets)
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """Held-out instances with their exact next-symbol distributions (read-only arrays)."""
+
+    inputs: np.ndarray  # [N, T] int64 token ids
+    ref: np.ndarray  # [N, T, 18] float32: uniform over the outgoing symbols of the current state
+    valid: np.ndarray  # [N, T] bool: input is a symbol or separator (not pad)
+    n_context_strings: np.ndarray  # [N, T] int64: complete strings before the position
+    valid_next: np.ndarray  # [N, T, 18] bool: symbols the automaton allows next
+
+
+def build_eval_set(automata: Sequence[Automaton], data_cfg: DataConfig, n_instances: int,
+                   rng: np.random.Generator) -> EvalSet:
+    """Instances of ``automata[i % len(automata)]`` with their exact next-symbol distributions."""
+    tables = _PoolTables(tuple(automata))
+    automaton = np.arange(n_instances) % len(automata)
+    tokens, states = _instances(tables, automaton, RegBenchConfig.parse(data_cfg), rng)
+    inputs, states = tokens[:, :-1], states[:, :-1]
+    valid = inputs != PAD
+    rows = automaton[:, None] * tables.width + np.maximum(states, 0)
+    valid_next = tables.allowed[rows] & valid[..., None]
+    ref = (valid_next / np.maximum(valid_next.sum(axis=-1, keepdims=True), 1)).astype(np.float32)
+    # Separators before the current string = complete strings seen (the opening "|" counts 0).
+    n_context_strings = np.cumsum(inputs == SEP, axis=1) - 1
+    arrays = dict(inputs=inputs, ref=ref, valid=valid, n_context_strings=n_context_strings, valid_next=valid_next)
+    for array in arrays.values():
+        array.setflags(write=False)
+    return EvalSet(**arrays)
+
+
+@lru_cache(maxsize=4)
+def _heldout_set(cfg: RegBenchConfig, n_instances: int) -> EvalSet:
+    return build_eval_set(_pools(cfg)[1], cfg, n_instances, np.random.default_rng([cfg.seed, _HELDOUT_STRINGS]))
+
+
+def heldout_set(data_cfg: DataConfig, n_instances: int) -> EvalSet:
+    """Deterministic from data.seed; instance i uses held-out automaton i % heldout_automata."""
+    return _heldout_set(RegBenchConfig.parse(data_cfg), int(n_instances))

@@ -1,0 +1,124 @@
+"""A small Llama-style decoder whose layer stack can be shared (looped) or grown (LIDAS).
+
+The unique layers live in `layers`; `plan` says in which order they are applied, so a looped
+model applies the same module several times and a dense or grown model applies each once.
+`ancestors[i]` is the layer of the initial network that layer i was copied from.
+"""
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, [max_seq_len, head_dim // 2]."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate channel pairs (i, i + head_dim/2) of x [B, heads, T, head_dim] by position."""
+    first, second = x.chunk(2, dim=-1)
+    rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+    return rotated.type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal self-attention; n_kv_heads < n_heads shares each key/value head across a group."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int):
+        super().__init__()
+        if d_model % n_heads or n_heads % n_kv_heads:
+            raise ValueError(f"need n_kv_heads | n_heads | d_model, got {n_kv_heads}, {n_heads}, {d_model}")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        heads = self.attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        return self.o_proj(heads.transpose(1, 2).reshape(batch, seq, -1))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Per-head outputs [B, n_heads, T, head_dim]; the one place that mixes positions."""
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads < self.n_heads
+        )
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer layer. Holds no position tables, so a deep copy is just its weights."""
+
+    def __init__(self, model_cfg: Mapping):
+        super().__init__()
+        d, eps = model_cfg["d_model"], model_cfg["norm_eps"]
+        self.attn_norm = nn.RMSNorm(d, eps=eps)
+        self.attn = Attention(d, model_cfg["n_heads"], model_cfg["n_kv_heads"])
+        self.mlp_norm = nn.RMSNorm(d, eps=eps)
+        self.mlp = SwiGLU(d, model_cfg["d_ff"])
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(
+        self,
+        model_cfg: Mapping,
+        n_unique_layers: int,
+        plan: list[int],
+        ancestors: list[int] | None = None,
+    ):
+        super().__init__()
+        d, vocab = model_cfg["d_model"], model_cfg["vocab_size"]
+        self.ancestors = list(range(n_unique_layers)) if ancestors is None else list(ancestors)
+        if len(self.ancestors) != n_unique_layers or not set(plan) <= set(range(n_unique_layers)):
+            raise ValueError(f"plan {plan} / ancestors {ancestors} do not fit {n_unique_layers} layers")
+        self.plan = list(plan)
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(Block(model_cfg) for _ in range(n_unique_layers))
+        self.norm = nn.RMSNorm(d, eps=model_cfg["norm_eps"])
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        if model_cfg["tie_embeddings"]:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(d // model_cfg["n_heads"], model_cfg["max_seq_len"], model_cfg["rope_theta"])
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        std = model_cfg["init_std"]
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+
+    @property
+    def depth(self) -> int:
+        """Effective depth: layers applied per forward pass."""
+        return len(self.plan)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens [B, T] int64 -> logits [B, T, vocab] float32."""
+        seq = tokens.shape[1]
+        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        x = self.embed(tokens)
+        for index in self.plan:
+            x = self.layers[index](x, cos, sin)
+        return self.lm_head(self.norm(x)).float()

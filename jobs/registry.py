@@ -1,0 +1,70 @@
+"""Jobs by name. `train` trains a run; every module in `jobs/evals/` registers its evaluations
+with `@evaluation("name")`, so adding one is one file plus its name in `eval.jobs`.
+
+A job is `fn(cfg, run_dir, progress) -> JobResult`: it reads and writes only inside `run_dir`
+(checkpoints) and returns what the orchestrator records in the store."""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import pandas as pd
+
+Progress = Callable[[dict], None]
+
+
+@dataclass
+class JobResult:
+    metrics: dict[str, float]
+    higher_is_better: dict[str, bool]
+    curves: dict = field(default_factory=dict)
+    items: Optional[pd.DataFrame] = None      # per-example outputs: item_id, metric, score, weight
+    history: Optional[pd.DataFrame] = None    # training curve: step, loss, lr, tokens, flops, ...
+
+
+JobFn = Callable[[dict, Path, Progress], JobResult]
+EVALUATIONS: dict[str, JobFn] = {}
+
+
+def evaluation(name: str) -> Callable[[JobFn], JobFn]:
+    def register(fn: JobFn) -> JobFn:
+        if name in EVALUATIONS:
+            raise ValueError(f"evaluation {name!r} registered twice")
+        EVALUATIONS[name] = fn
+        return fn
+    return register
+
+
+def _discover() -> None:
+    from . import evals
+    for module in pkgutil.iter_modules(evals.__path__):
+        importlib.import_module(f"{evals.__name__}.{module.name}")
+
+
+def evaluations() -> frozenset[str]:
+    _discover()
+    return frozenset(EVALUATIONS)
+
+
+def train_job(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
+    """Train on the configured data stream; the stream is a pure function of (seed, step)."""
+    from .data.regbench import TrainStream
+    from .train import train
+
+    stream = TrainStream(cfg["data"], cfg["seed"], cfg["train"]["batch_size"])
+    metrics = train(cfg, run_dir, stream.batch, progress)
+    history = pd.DataFrame(metrics.pop("history"))
+    curves = {"ancestors": metrics.pop("ancestors")}
+    # Only the loss is an outcome; FLOPs, tokens, steps and timings describe the run.
+    return JobResult(metrics=metrics, higher_is_better={"final_loss": False}, curves=curves,
+                     history=history)
+
+
+def get_job(name: str) -> JobFn:
+    if name == "train":
+        return train_job
+    _discover()
+    return EVALUATIONS[name]

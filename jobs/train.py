@@ -1,0 +1,152 @@
+"""The training loop: one run of one family and seed, resumable bit-for-bit from its checkpoints.
+
+Bit-identical resumes rest on three facts: the data is a pure function of the step, the learning
+rate is a function of the step, and everything else that evolves (weights, AdamW state, depth,
+the partly filled logging window) is in the checkpoint. Steps are counted from 0 when indexing
+`batches`; "step" in history and checkpoints is the number of optimizer steps completed.
+"""
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from jobs.checkpoint import latest_checkpoint, save_checkpoint
+from jobs.families import build_model, build_optimizer, grow, stage_schedule
+from jobs.flops import flops_per_token
+from jobs.model import Decoder
+
+Batches = Callable[[int], tuple[Tensor, Tensor]]
+
+
+def learning_rate(step: int, train_cfg: Mapping) -> float:
+    """Linear warm-up, then cosine from lr down to lr * min_lr_ratio at the last step."""
+    peak, warmup, steps = train_cfg["lr"], train_cfg["warmup_steps"], train_cfg["steps"]
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    floor = peak * train_cfg["min_lr_ratio"]
+    progress = (step + 1 - warmup) / max(1, steps - warmup)
+    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def resolve_device(cfg: Mapping) -> torch.device:
+    """"auto" takes CUDA only when the run was given a GPU and one is visible."""
+    choice = cfg["backend"]["device"]
+    if choice == "auto":
+        wants_gpu = cfg["resources"]["gpus"] > 0 and torch.cuda.is_available()
+        choice = "cuda" if wants_gpu else "cpu"
+    return torch.device(choice)
+
+
+def check_finite(losses: Tensor, first_step: int) -> None:
+    """Raise on the first non-finite loss; losses[i] belongs to step first_step + i."""
+    bad = (~torch.isfinite(losses)).nonzero()
+    if len(bad):
+        step = first_step + int(bad[0])
+        raise FloatingPointError(f"training loss is {losses[bad[0]].item()} at step {step} (batches({step}))")
+
+
+def final_loss(history: list[dict]) -> float:
+    """Mean logged loss over the last 10% of logged steps (at least one row)."""
+    tail = history[-max(1, math.ceil(len(history) / 10)) :]
+    return sum(row["loss"] for row in tail) / len(tail)
+
+
+def restore(cfg: Mapping, run_dir: Path, device: torch.device) -> tuple[Decoder, torch.optim.AdamW, dict]:
+    """Model, optimizer and run tally from the newest readable checkpoint, or fresh ones."""
+    torch.manual_seed(cfg["seed"])
+    saved = latest_checkpoint(run_dir)
+    model = build_model(cfg, saved["ancestors"] if saved else None).to(device)
+    optimizer = build_optimizer(model, cfg["train"])
+    run = {"step": 0, "tokens": 0, "flops": 0, "history": [], "window_losses": [], "train_time_s": 0.0}
+    if saved:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        run = {key: saved[key] for key in run}
+    return model, optimizer, run
+
+
+def train_step(model: Decoder, optimizer: torch.optim.Optimizer, inputs: Tensor, targets: Tensor,
+               grad_clip: float) -> Tensor:
+    """One optimizer step; returns the loss tensor without synchronising on it."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=inputs.is_cuda):
+        logits = model(inputs)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def train(
+    cfg: Mapping,
+    run_dir: Path,
+    batches: Batches,
+    progress: Callable[[dict], None] | None = None,
+) -> dict:
+    """Train (or resume, or just report on a finished) run; returns its metrics.
+
+    The caller sets torch's thread count (the orchestrator: resources.cpus); it is part of what
+    makes CPU results reproducible, since reductions split differently across threads.
+    """
+    attempt_start = time.perf_counter()
+    train_cfg, total = cfg["train"], cfg["train"]["steps"]
+    device = resolve_device(cfg)
+    model, optimizer, run = restore(cfg, run_dir, device)
+    stages = stage_schedule(cfg)
+    grow_to = {stage.start_step: stage.n_layers for stage in stages}
+    stage_ends = {stage.end_step for stage in stages}
+
+    resumed_at, resumed_tokens, resumed_time = run["step"], run["tokens"], run["train_time_s"]
+    window = [torch.tensor(loss, device=device) for loss in run["window_losses"]]
+    loop_start = time.perf_counter()
+    for step in range(run["step"], total):
+        while model.depth < grow_to.get(step, model.depth):
+            optimizer = grow(model, optimizer, cfg)
+        lr = learning_rate(step, train_cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        inputs, targets = (t.to(device, non_blocking=True) for t in batches(step))
+        window.append(train_step(model, optimizer, inputs, targets, train_cfg["grad_clip"]))
+
+        done, elapsed = step + 1, time.perf_counter() - loop_start
+        run["step"], run["train_time_s"] = done, resumed_time + elapsed
+        run["tokens"] += inputs.numel()
+        run["flops"] += inputs.numel() * flops_per_token(cfg["model"], model.depth, inputs.shape[1])
+        logging_now = done % train_cfg["log_every"] == 0 or done == total
+        checkpointing = done % train_cfg["checkpoint_every"] == 0 or done in stage_ends
+        if not (logging_now or checkpointing):
+            continue
+        losses = torch.stack(window).cpu()
+        check_finite(losses, done - len(window))
+        if logging_now:
+            row = {"step": done, "loss": losses.mean().item(), "lr": lr, "tokens": run["tokens"],
+                   "flops": run["flops"], "n_layers": model.depth}
+            run["history"].append(row)
+            window = []
+        if checkpointing:
+            run["window_losses"] = [loss.item() for loss in window]
+            save_checkpoint({**run, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "n_layers": model.depth, "ancestors": model.ancestors}, run_dir)
+        if logging_now and progress is not None:
+            progress({"step": done, "total_steps": total, "loss": row["loss"], "lr": lr,
+                      "n_layers": model.depth, "tokens_per_s": (run["tokens"] - resumed_tokens) / elapsed,
+                      "elapsed_s": elapsed, "eta_s": (total - done) * elapsed / (done - resumed_at)})
+
+    return {
+        "final_loss": final_loss(run["history"]),
+        "train_flops": run["flops"],
+        "train_tokens": run["tokens"],
+        "steps": run["step"],
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "final_layers": model.depth,
+        "wall_time_s": time.perf_counter() - attempt_start,
+        "tokens_per_s": run["tokens"] / run["train_time_s"] if run["train_time_s"] else 0.0,
+        "ancestors": list(model.ancestors),
+        "history": run["history"],
+    }

@@ -1,0 +1,1 @@
+"""Distributed experiment orchestrator: Hydra grid -> Ray jobs -> results store -> report."""

@@ -1,0 +1,363 @@
+"""The run config: Hydra composition, a structured schema, and the checks that the schema cannot
+express. Everything a bad override can get wrong fails here, as one `ConfigError` line, before any
+job starts or any file is written."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class ConfigError(ValueError):
+    """A user mistake in the config or the overrides; its message is one line with the fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema. Types and keys are checked by OmegaConf when the composed config is merged into it.
+
+@dataclass
+class GrowthConfig:
+    block_layers: Optional[int] = None
+    initial_blocks: int = 1
+    alpha: float = 1.0
+    optimizer_state: str = "copy"
+
+
+@dataclass
+class LoopConfig:
+    prelude_layers: Optional[int] = None
+    block_layers: Optional[int] = None
+    loops: Optional[int] = None
+    coda_layers: Optional[int] = None
+
+
+@dataclass
+class FamilyConfig:
+    name: str = "dense"
+    growth: Optional[GrowthConfig] = None
+    loop: Optional[LoopConfig] = None
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    d_model: int = 64
+    n_layers: int = 6
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    d_ff: int = 176
+    vocab_size: int = 20
+    max_seq_len: int = 128
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    block_size: int = 2
+    tie_embeddings: bool = True
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    checkpoint_every: int = 250
+    log_every: int = 10
+    max_retries: int = 2
+
+
+@dataclass
+class DataConfig:
+    name: str = "regbench_easy"
+    vocab_size: int = 20
+    n_symbols: int = 18
+    seed: int = 1234
+    num_states: list[int] = field(default_factory=lambda: [3, 5])
+    alphabet_size: list[int] = field(default_factory=lambda: [3, 6])
+    transitions_per_state: list[int] = field(default_factory=lambda: [1, 2])
+    strings_per_instance: list[int] = field(default_factory=lambda: [20, 30])
+    string_length: list[int] = field(default_factory=lambda: [1, 10])
+    train_automata: int = 2000
+    heldout_automata: int = 200
+    seq_len: int = 128
+
+
+@dataclass
+class RegBenchEvalConfig:
+    instances: int = 200
+    ngram_alpha: float = 0.1
+    batch_size: int = 50
+
+
+@dataclass
+class JobResources:
+    cpus: int = 1
+    gpus: float = 0
+    memory_gb: float = 2
+
+
+@dataclass
+class TrainResources(JobResources):
+    nodes: int = 1
+
+
+@dataclass
+class EvalConfig:
+    jobs: list[str] = field(default_factory=lambda: ["regbench"])
+    resources: JobResources = field(default_factory=JobResources)
+    regbench: RegBenchEvalConfig = field(default_factory=RegBenchEvalConfig)
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    address: Optional[str] = None
+    num_cpus: Optional[int] = None
+    num_gpus: Optional[int] = None
+    include_dashboard: bool = False
+    dashboard_host: str = "127.0.0.1"
+
+
+@dataclass
+class BackendConfig:
+    name: str = "torch"
+    device: str = "auto"
+
+
+@dataclass
+class StoreConfig:
+    root: str = "outputs"
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    family: FamilyConfig = field(default_factory=FamilyConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    resources: TrainResources = field(default_factory=TrainResources)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Composition
+
+def hydra_session(conf_dir: Path = CONF_DIR) -> Any:
+    """Context manager that points Hydra at `conf_dir` (re-entrant: clears a previous session)."""
+    GlobalHydra.instance().clear()
+    return initialize_config_dir(config_dir=str(conf_dir), version_base=None)
+
+
+def compose_run(overrides: list[str], evaluations: frozenset[str] = frozenset()) -> dict:
+    """Compose one grid point (inside `hydra_session`), validate it and fill in derived values.
+
+    Returns the fully resolved config as a plain dict."""
+    try:
+        cfg = compose("config", overrides=overrides)
+    except MissingConfigException as e:
+        raise ConfigError(_missing_choice_message(str(e), overrides)) from None
+    except (HydraException, OmegaConfBaseException) as e:
+        unknown = re.match(r"Could not override '([^']+)'", str(e))
+        if unknown and "To append to your config" in str(e):
+            raise ConfigError(f"{unknown.group(1)}: unknown key; check the spelling (see conf/ "
+                              f"and orchestrator/config.py)") from None
+        raise ConfigError(_first_line(e)) from None
+    return validate(cfg, evaluations)
+
+
+def validate(cfg: DictConfig, evaluations: frozenset[str] = frozenset()) -> dict:
+    """Merge into the schema (keys and types), resolve interpolations, then check values."""
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        plain = OmegaConf.to_container(typed, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_schema_message(e)) from None
+    _fill_derived(plain)
+    _check(plain, evaluations)
+    return plain
+
+
+def _first_line(e: Exception) -> str:
+    lines = [s.strip() for s in str(e).splitlines() if s.strip()]
+    return " ".join(lines[:2]) if lines else type(e).__name__
+
+
+def _missing_choice_message(text: str, overrides: list[str]) -> str:
+    """Hydra's multi-line 'Could not find family/foo ... Available options' into one line."""
+    m = re.search(r"Could not (?:find|load) '([^']+)'", text)
+    if not m:
+        return _first_line(Exception(text))
+    group, _, choice = m.group(1).rpartition("/")
+    options = [s.strip() for s in text.split("Available options in")[-1].splitlines()[1:]
+               if s.startswith("\t") and "provider=" not in s]
+    if not group:
+        return f"config '{choice}' not found in {CONF_DIR}"
+    return (f"{group}={choice}: no such {group}; choose one of: {', '.join(options)} "
+            f"(files in conf/{group}/)")
+
+
+def _schema_message(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None) or "config"
+    msg = str(e).splitlines()[0]
+    if "not in" in msg:
+        return f"{key}: unknown key; check the spelling (see conf/ and orchestrator/config.py)"
+    m = re.search(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", msg)
+    if m:
+        value, _, wanted = m.groups()
+        return f"{key}={value}: expected {wanted.lower()}, got {value!r}"
+    m = re.search(r"(\w+) is not a subclass of (\w+)Config", msg)
+    if m:
+        section = m.group(2).lower()
+        return f"{section}: is a config section, not a {m.group(1)}; set one of its keys ({section}.<key>=...)"
+    return f"{key}: {msg}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived values and value checks
+
+def _fill_derived(c: dict) -> None:
+    """Replace the family's nulls by the size's defaults, so the run id sees concrete values."""
+    fam, model = c["family"], c["model"]
+    b = model["block_size"]
+    if fam["name"] == "lidas" and fam["growth"] is not None:
+        g = fam["growth"]
+        g["block_layers"] = b if g["block_layers"] is None else g["block_layers"]
+    if fam["name"] == "looped" and fam["loop"] is not None:
+        lp = fam["loop"]
+        lp["block_layers"] = b if lp["block_layers"] is None else lp["block_layers"]
+        edge = lp["block_layers"] // 2
+        lp["prelude_layers"] = edge if lp["prelude_layers"] is None else lp["prelude_layers"]
+        lp["coda_layers"] = edge if lp["coda_layers"] is None else lp["coda_layers"]
+        if lp["loops"] is None and lp["block_layers"] > 0:
+            middle = model["n_layers"] - lp["prelude_layers"] - lp["coda_layers"]
+            lp["loops"] = middle // lp["block_layers"]
+    if fam["name"] != "lidas":
+        fam["growth"] = None
+    if fam["name"] != "looped":
+        fam["loop"] = None
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _one_of(key: str, value: Any, allowed: list) -> None:
+    _require(value in allowed, f"{key}={value}: not allowed; choose one of: "
+             f"{', '.join(map(str, allowed))}")
+
+
+def _positive(c: dict, *keys: str) -> None:
+    for key in keys:
+        value = _get(c, key)
+        _require(value > 0, f"{key}={value}: must be > 0")
+
+
+def _get(c: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        c = c[part]
+    return c
+
+
+FAMILIES = ["dense", "lidas", "looped"]
+
+
+def _check(c: dict, evaluations: frozenset[str]) -> None:
+    _require(c["seed"] >= 0, f"seed={c['seed']}: must be a non-negative integer")
+    fam, m, t, d = c["family"], c["model"], c["train"], c["data"]
+    _one_of("family.name", fam["name"], FAMILIES)
+    _positive(c, "model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads",
+              "model.d_ff", "model.vocab_size", "model.max_seq_len", "model.block_size",
+              "model.init_std", "train.steps", "train.batch_size", "train.lr",
+              "train.checkpoint_every", "train.log_every", "data.train_automata",
+              "data.heldout_automata", "data.seq_len", "resources.cpus", "eval.resources.cpus",
+              "eval.regbench.instances", "eval.regbench.batch_size", "eval.regbench.ngram_alpha")
+    _require(m["d_model"] % m["n_heads"] == 0,
+             f"model.n_heads={m['n_heads']}: must divide model.d_model={m['d_model']}")
+    _require(m["n_heads"] % m["n_kv_heads"] == 0,
+             f"model.n_kv_heads={m['n_kv_heads']}: must divide model.n_heads={m['n_heads']}")
+    _require((m["d_model"] // m["n_heads"]) % 2 == 0,
+             f"model.d_model/n_heads={m['d_model'] // m['n_heads']}: RoPE needs an even head size")
+    _require(m["vocab_size"] >= d["vocab_size"],
+             f"model.vocab_size={m['vocab_size']}: smaller than data.vocab_size={d['vocab_size']}")
+    _require(d["seq_len"] <= m["max_seq_len"],
+             f"data.seq_len={d['seq_len']}: longer than model.max_seq_len={m['max_seq_len']}")
+    _require(0 <= t["warmup_steps"] < t["steps"],
+             f"train.warmup_steps={t['warmup_steps']}: must be in [0, train.steps={t['steps']})")
+    _require(0 <= t["min_lr_ratio"] <= 1, f"train.min_lr_ratio={t['min_lr_ratio']}: must be in [0, 1]")
+    _require(t["max_retries"] >= 0, f"train.max_retries={t['max_retries']}: must be >= 0")
+    _require(c["resources"]["gpus"] >= 0, f"resources.gpus={c['resources']['gpus']}: must be >= 0")
+    _one_of("backend.name", c["backend"]["name"], ["torch"])
+    _one_of("backend.device", c["backend"]["device"], ["auto", "cpu", "cuda"])
+    if fam["name"] == "lidas":
+        _check_growth(fam["growth"], m, t)
+    if fam["name"] == "looped":
+        _check_loop(fam["loop"], m)
+    _check_data(d)
+    if evaluations:
+        for job in c["eval"]["jobs"]:
+            _one_of("eval.jobs", job, sorted(evaluations))
+
+
+def _check_growth(g: Optional[dict], m: dict, t: dict) -> None:
+    _require(g is not None, "family.growth: missing; family=lidas needs its growth section")
+    b, n0 = g["block_layers"], g["initial_blocks"]
+    _require(b > 0, f"family.growth.block_layers={b}: must be > 0")
+    _require(n0 > 0, f"family.growth.initial_blocks={n0}: must be > 0")
+    _require(m["n_layers"] % b == 0,
+             f"family.growth.block_layers={b}: must divide model.n_layers={m['n_layers']}")
+    final_blocks = m["n_layers"] // b
+    _require(n0 < final_blocks,
+             f"family.growth.initial_blocks={n0}: the schedule does not grow (final depth "
+             f"{m['n_layers']} = {final_blocks} blocks of {b}); use fewer initial blocks")
+    stages = final_blocks - n0 + 1
+    _require(t["steps"] >= stages,
+             f"train.steps={t['steps']}: fewer than the {stages} growth stages; raise train.steps")
+    _require(g["alpha"] >= 0, f"family.growth.alpha={g['alpha']}: must be >= 0")
+    _one_of("family.growth.optimizer_state", g["optimizer_state"], ["copy", "reset"])
+
+
+def _check_loop(lp: Optional[dict], m: dict) -> None:
+    _require(lp is not None, "family.loop: missing; family=looped needs its loop section")
+    e, k, r, dd = lp["prelude_layers"], lp["block_layers"], lp["loops"], lp["coda_layers"]
+    _require(k > 0, f"family.loop.block_layers={k}: must be > 0")
+    _require(e >= 0 and dd >= 0, f"family.loop: prelude_layers={e} and coda_layers={dd} must be >= 0")
+    _require(k + e + dd <= m["n_layers"],
+             f"family.loop.block_layers={k}: block plus prelude and coda ({k + e + dd} layers) "
+             f"exceed model.n_layers={m['n_layers']}")
+    _require(r >= 2, f"family.loop.loops={r}: a looped model needs loops >= 2 (set "
+             f"family.loop.loops or a smaller family.loop.block_layers)")
+    depth = e + k * r + dd
+    _require(depth == m["n_layers"],
+             f"family.loop: prelude {e} + block {k} x loops {r} + coda {dd} = {depth} layers, "
+             f"but model.n_layers={m['n_layers']}; make them equal (same per-token FLOPs as dense)")
+
+
+def _check_data(d: dict) -> None:
+    for key in ("num_states", "alphabet_size", "transitions_per_state", "strings_per_instance",
+                "string_length"):
+        lo_hi = d[key]
+        _require(len(lo_hi) == 2 and 1 <= lo_hi[0] <= lo_hi[1],
+                 f"data.{key}={lo_hi}: must be [low, high] with 1 <= low <= high")
+    _require(d["alphabet_size"][1] <= d["n_symbols"],
+             f"data.alphabet_size={d['alphabet_size']}: more than data.n_symbols={d['n_symbols']}")
+    _require(d["vocab_size"] == d["n_symbols"] + 2,
+             f"data.vocab_size={d['vocab_size']}: must be n_symbols + 2 (separator and pad)")

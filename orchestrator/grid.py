@@ -1,0 +1,84 @@
+"""Grid expansion with Hydra's own override grammar (sweeps, range(), glob(), +key=, group choices).
+
+The command-line overrides are merged with the default grid of `hydra.sweeper.params` in
+conf/config.yaml exactly as Hydra's basic sweeper does (a key given on the command line replaces
+the default axis), and the cartesian product of the swept keys gives one override list per run."""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
+
+from .config import ConfigError, compose_run, hydra_session
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    overrides: tuple[str, ...]
+    config: dict
+
+
+def _parse(overrides: list[str]) -> list:
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    try:
+        return parser.parse_overrides(overrides)
+    except OverrideParseException as e:
+        bad = next((o for o in overrides if _fails(parser, o)), " ".join(overrides))
+        raise ConfigError(f"malformed override {bad!r}: {str(e).splitlines()[0]} "
+                          f"(grammar: key=value, key=a,b, key=range(0,5), group=glob(*))") from None
+
+
+def _fails(parser: OverridesParser, override: str) -> bool:
+    try:
+        parser.parse_overrides([override])
+        return False
+    except OverrideParseException:
+        return True
+
+
+def axes(cli_overrides: list[str]) -> dict[str, list[str]]:
+    """key -> list of `key=value` strings, default grid first, command line replacing it."""
+    default = compose("config", return_hydra_config=True).hydra.sweeper.params or {}
+    merged: dict[str, list[str]] = {}
+    for o in _parse([f"{k}={v}" for k, v in default.items()]) + _parse(cli_overrides):
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            try:
+                values = list(o.sweep_string_iterator())
+            except HydraException as e:
+                raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+            if not values:
+                raise ConfigError(f"{key}: the sweep is empty; give at least one value")
+            merged[key] = [f"{key}={v}" for v in values]
+        else:
+            merged[key] = [f"{key}={o.get_value_element_as_str()}"]
+    return merged
+
+
+def expand(cli_overrides: list[str], evaluations: frozenset[str]) -> tuple[list[GridPoint], str]:
+    """All grid points, validated, and the default sweep name derived from the grid."""
+    with hydra_session():
+        grid = axes(cli_overrides)
+        points = [GridPoint(tuple(combo), compose_run(list(combo), evaluations))
+                  for combo in itertools.product(*grid.values())]
+    return points, default_sweep_name(grid)
+
+
+def default_sweep_name(grid: dict[str, list[str]]) -> str:
+    """A name from everything but the seeds, so `seed=3,4` extends the same sweep.
+
+    Values are sorted, so `family=dense,lidas` and `family=lidas,dense` name the same sweep."""
+    parts = []
+    for key in sorted(grid):
+        if key.lstrip("+~") == "seed":
+            continue
+        values = sorted({item.split("=", 1)[1] for item in grid[key]})
+        parts.append(f"{key.lstrip('+~')}-{'-'.join(values)}")
+    name = "_".join(parts) or "default"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
+    return name[:120]

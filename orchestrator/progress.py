@@ -1,0 +1,63 @@
+"""The live view of a sweep: counts per state and one line per running job (step, loss, ETA).
+
+It reads only the store (state.json and progress.json), the same files `status` reads."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .store import DONE, FAILED, PENDING, RUNNING, Store
+
+if TYPE_CHECKING:
+    from .scheduler import PlannedRun
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def render(runs: list["PlannedRun"], store: Store, outcome: dict[str, str], started: float) -> Group:
+    counts: Counter = Counter()
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("run", "id", "job", "step", "loss", "layers", "tok/s", "eta"):
+        table.add_column(col, justify="right" if col not in ("run", "id", "job") else "left")
+    for r in runs:
+        if r.cached:
+            counts["cached"] += 1
+            continue
+        if r.run_id in outcome:
+            counts[outcome[r.run_id]] += 1
+            continue
+        status = store.read_state(r.run_id).get("status", PENDING)
+        counts[status if status in (RUNNING, DONE, FAILED) else PENDING] += 1
+        if status == RUNNING:
+            p = store.read_progress(r.run_id)
+            step = f"{p.get('step', 0)}/{p.get('total_steps', '?')}" if "step" in p else "-"
+            loss = f"{p['loss']:.3f}" if "loss" in p else "-"
+            table.add_row(r.label, r.run_id, p.get("job", "?"), step, loss,
+                          str(p.get("n_layers", "-")), f"{p.get('tokens_per_s', 0):,.0f}",
+                          _eta(p.get("eta_s")))
+    order = ("cached", DONE, RUNNING, PENDING, FAILED)
+    summary = "  ".join(f"{k} {counts[k]}" for k in order if counts[k])
+    header = Text(f"{len(runs)} runs  {summary}  elapsed {_eta(time.monotonic() - started)}")
+    return Group(header, table) if table.row_count else Group(header)
+
+
+def finished_line(r: "PlannedRun", store: Store) -> str:
+    m = store.read_metrics(r.run_id).get("metrics", {})
+    tvd = f" regbench_tvd {m['regbench_tvd']:.4f}" if "regbench_tvd" in m else ""
+    wall = f" train {m['wall_time_s']:.0f}s" if "wall_time_s" in m else ""
+    return f"[green]done[/] {r.label} {r.run_id}{wall}{tvd}"
+
+
+def failed_line(r: "PlannedRun", job: str, store: Store) -> str:
+    error = store.read_state(r.run_id).get("error") or "unknown error"
+    return f"[red]failed[/] {r.label} {r.run_id} {job}: {error}"

@@ -1,0 +1,254 @@
+"""The results store: a directory tree that is the single source of truth of every sweep.
+
+    <root>/store.json                  {"format_version": 1}
+    <root>/runs/<run_id>/config.yaml   resolved config
+    <root>/runs/<run_id>/state.json    per job: status, attempts, start/end times, host, pid, error
+    <root>/runs/<run_id>/metrics.json  {"metrics", "higher_is_better", "curves"} merged over jobs
+    <root>/runs/<run_id>/history.parquet, items/<eval>.parquet, checkpoints/, progress.json
+    <root>/sweeps/<name>/sweep.yaml    overrides given (every invocation) and run ids
+
+Every write is atomic (temp file in the same directory, fsync, rename), so a killed process
+leaves either the old or the new file. A job claims its run with an exclusive `flock` on
+`runs/<id>/.lock` for as long as it works on it: the kernel releases it when the process dies,
+so a claim can never go stale on a local or NFSv4 filesystem, and two sweeps sharing a run
+train it once."""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import pandas as pd
+import yaml
+
+FORMAT_VERSION = 1
+DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
+    "done", "failed", "running", "pending", "interrupted", "corrupt")
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used as asked (version, permissions, missing sweep)."""
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def write_yaml(path: Path, obj: Any) -> None:
+    write_atomic(path, yaml.safe_dump(obj, sort_keys=False).encode())
+
+
+def write_parquet(path: Path, df: pd.DataFrame) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: Path) -> Optional[dict]:
+    """None when missing; raises ValueError when unreadable (a truncated file)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: unreadable JSON ({e})") from None
+
+
+class Store:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    # -- the store as a whole ------------------------------------------------------------------
+    def check(self) -> None:
+        """Refuse stores written by a newer version of this code (read-only check)."""
+        try:
+            meta = read_json(self.root / "store.json")
+        except ValueError as e:
+            raise StoreError(f"{e}; restore it or point store.root elsewhere") from None
+        if meta and meta.get("format_version", 0) > FORMAT_VERSION:
+            raise StoreError(
+                f"store {self.root} has format version {meta['format_version']}, newer than this "
+                f"code's {FORMAT_VERSION}; upgrade the orchestrator or use another store.root")
+
+    def create(self) -> None:
+        """Make the store writable (first real sweep); fails clearly without permission."""
+        self.check()
+        try:
+            (self.root / "runs").mkdir(parents=True, exist_ok=True)
+            (self.root / "sweeps").mkdir(parents=True, exist_ok=True)
+            if not (self.root / "store.json").exists():
+                write_json(self.root / "store.json", {"format_version": FORMAT_VERSION})
+            probe = self.root / "runs" / f".write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except PermissionError as e:
+            raise StoreError(f"store.root={self.root}: not writable ({e.strerror}); fix its "
+                             f"permissions or choose another store.root") from None
+
+    # -- runs ----------------------------------------------------------------------------------
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / "runs" / run_id
+
+    def write_config(self, run_id: str, cfg: dict) -> None:
+        path = self.run_dir(run_id) / "config.yaml"
+        if not path.exists():
+            write_yaml(path, cfg)
+
+    def read_config(self, run_id: str) -> dict:
+        return yaml.safe_load((self.run_dir(run_id) / "config.yaml").read_text())
+
+    def run_ids(self) -> list[str]:
+        runs = self.root / "runs"
+        return sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.exists() else []
+
+    def read_state(self, run_id: str) -> dict:
+        """The run's state; a corrupt file reads as status `corrupt` (never raises)."""
+        try:
+            state = read_json(self.run_dir(run_id) / "state.json")
+        except ValueError as e:
+            return {"run_id": run_id, "status": CORRUPT, "jobs": {}, "error": str(e)}
+        return state or {"run_id": run_id, "status": PENDING, "jobs": {}}
+
+    def job_state(self, run_id: str, job: str) -> dict:
+        return self.read_state(run_id).get("jobs", {}).get(job, {"status": PENDING, "attempts": 0})
+
+    def update_job(self, run_id: str, job: str, jobs: list[str], **fields: Any) -> dict:
+        """Set fields of one job's state and recompute the run's status from all its jobs."""
+        state = self.read_state(run_id)
+        if state["status"] == CORRUPT:
+            state = {"run_id": run_id, "jobs": {}, "recovered_from": state["error"]}
+        entry = state.setdefault("jobs", {}).setdefault(job, {"status": PENDING, "attempts": 0})
+        entry.update(fields)
+        state["run_id"] = run_id
+        state["status"] = run_status([state["jobs"].get(j, {}).get("status", PENDING) for j in jobs])
+        state["error"] = next((state["jobs"][j].get("error") for j in jobs
+                               if state["jobs"].get(j, {}).get("status") == FAILED), None)
+        write_json(self.run_dir(run_id) / "state.json", state)
+        return state
+
+    def start_job(self, run_id: str, job: str, jobs: list[str]) -> dict:
+        attempts = self.job_state(run_id, job).get("attempts", 0) + 1
+        return self.update_job(run_id, job, jobs, status=RUNNING, attempts=attempts,
+                               started_at=now(), ended_at=None, host=socket.gethostname(),
+                               pid=os.getpid(), error=None)
+
+    def end_job(self, run_id: str, job: str, jobs: list[str], error: Optional[str] = None) -> dict:
+        return self.update_job(run_id, job, jobs, status=FAILED if error else DONE,
+                               ended_at=now(), error=error)
+
+    @contextlib.contextmanager
+    def claim(self, run_id: str, wait: bool = True) -> Iterator[bool]:
+        """Exclusive claim of a run; yields False (without blocking) if `wait` is False and
+        another process holds it."""
+        path = self.run_dir(run_id) / ".lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def is_claimed(self, run_id: str) -> bool:
+        if not (self.run_dir(run_id) / ".lock").exists():
+            return False
+        with self.claim(run_id, wait=False) as got:
+            return not got
+
+    def read_metrics(self, run_id: str) -> dict:
+        try:
+            return read_json(self.run_dir(run_id) / "metrics.json") or {}
+        except ValueError:
+            return {}
+
+    def merge_metrics(self, run_id: str, metrics: dict, higher_is_better: dict,
+                      curves: Optional[dict] = None) -> None:
+        current = self.read_metrics(run_id)
+        merged = {
+            "metrics": {**current.get("metrics", {}), **metrics},
+            "higher_is_better": {**current.get("higher_is_better", {}), **higher_is_better},
+            "curves": {**current.get("curves", {}), **(curves or {})},
+        }
+        write_json(self.run_dir(run_id) / "metrics.json", merged)
+
+    def write_progress(self, run_id: str, progress: dict) -> None:
+        write_json(self.run_dir(run_id) / "progress.json", progress)
+
+    def read_progress(self, run_id: str) -> dict:
+        try:
+            return read_json(self.run_dir(run_id) / "progress.json") or {}
+        except ValueError:
+            return {}
+
+    # -- sweeps --------------------------------------------------------------------------------
+    def sweep_dir(self, name: str) -> Path:
+        return self.root / "sweeps" / name
+
+    def sweeps(self) -> list[str]:
+        d = self.root / "sweeps"
+        return sorted(p.name for p in d.iterdir() if (p / "sweep.yaml").exists()) if d.exists() else []
+
+    def read_sweep(self, name: str) -> dict:
+        path = self.sweep_dir(name) / "sweep.yaml"
+        if not path.exists():
+            known = ", ".join(self.sweeps()) or "none yet"
+            raise StoreError(f"no sweep named {name!r} in {self.root}; known sweeps: {known}")
+        return yaml.safe_load(path.read_text())
+
+    def record_sweep(self, name: str, overrides: list[str], run_ids: list[str]) -> dict:
+        """Create or extend a sweep: run ids are a growing set, each invocation is recorded."""
+        path = self.sweep_dir(name) / "sweep.yaml"
+        sweep = yaml.safe_load(path.read_text()) if path.exists() else {
+            "name": name, "created_at": now(), "format_version": FORMAT_VERSION,
+            "invocations": [], "run_ids": []}
+        sweep["invocations"].append({"at": now(), "overrides": list(overrides)})
+        sweep["overrides"] = list(overrides)
+        sweep["run_ids"] = list(dict.fromkeys(sweep["run_ids"] + run_ids))
+        write_yaml(path, sweep)
+        return sweep
+
+
+def run_status(job_statuses: list[str]) -> str:
+    """A run is done when all its jobs are; failed/running/interrupted win over pending."""
+    for status in (FAILED, RUNNING, INTERRUPTED):
+        if status in job_statuses:
+            return status
+    return DONE if job_statuses and all(s == DONE for s in job_statuses) else PENDING

@@ -1,0 +1,168 @@
+"""analysis.load* on a small fake results store written here in the store's file format."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from analysis import cell_keys, compare, load, load_items, load_runs, summarize
+
+HIGHER_IS_BETTER = {"regbench_tvd": False, "regbench_acc": True, "ngram1_tvd": False, "ngram2_tvd": False,
+                    "ngram3_tvd": False, "train_flops": False}
+
+
+def new_store(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "store.json").write_text(json.dumps({"format_version": 1}))
+    return root
+
+
+def write_run(root: Path, run_id: str, family: str, size: str, seed: int, metrics: dict | None = None,
+              status: str = "done", error: str | None = None, config: dict | None = None,
+              items: pd.DataFrame | None = None) -> None:
+    """One run directory; `metrics` is written only for done runs, as the orchestrator does."""
+    run_dir = root / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    layers = {"dense": 4, "lidas": 4, "looped": 2}.get(family, 4)
+    resolved = {"seed": seed, "family": {"name": family}, "model": {"name": size, "n_layers": layers},
+                "data": {"name": "regbench"}, "train": {"lr": 1e-3, "steps": 100, "betas": [0.9, 0.95]}}
+    for section, values in (config or {}).items():
+        resolved.setdefault(section, {}).update(values)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved))
+    (run_dir / "state.json").write_text(json.dumps({"status": status, "error": error, "attempts": 1}))
+    if status == "done":
+        (run_dir / "metrics.json").write_text(json.dumps({
+            "metrics": metrics, "higher_is_better": {m: HIGHER_IS_BETTER[m] for m in metrics},
+            "curves": {"tvd_by_context": {"n_context_strings": [1, 2], "regbench_tvd": [0.5, 0.4]}}}))
+    if items is not None:
+        (run_dir / "items").mkdir()
+        items.to_parquet(run_dir / "items" / "regbench.parquet", index=False)
+
+
+def write_sweep(root: Path, name: str, run_ids: list[str], created_at: str, overrides: list[str]) -> None:
+    sweep_dir = root / "sweeps" / name
+    sweep_dir.mkdir(parents=True)
+    (sweep_dir / "sweep.yaml").write_text(yaml.safe_dump(
+        {"name": name, "overrides": overrides, "run_ids": run_ids, "created_at": created_at}))
+
+
+def items_for(seed: int) -> pd.DataFrame:
+    return pd.DataFrame({"item_id": ["a", "b", "c"], "metric": "regbench_tvd",
+                         "score": [0.1 * seed, 0.2, 0.3], "weight": 1.0})
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """Sweep a: dense and lidas, seeds 0-1, plus a failed lidas seed 2. Sweep b (later): run d0 again
+    and a dense run with another learning rate."""
+    root = new_store(tmp_path / "store")
+    for family in ("dense", "lidas"):
+        for seed in (0, 1):
+            write_run(root, f"{family[0]}{seed}", family, "tiny", seed,
+                      {"regbench_tvd": 0.3 + seed / 100, "train_flops": 1e12}, items=items_for(seed))
+    write_run(root, "l2", "lidas", "tiny", 2, status="failed", error="RuntimeError: loss is NaN\n at step 7")
+    write_run(root, "d9", "dense", "tiny", 0, {"regbench_tvd": 0.4, "train_flops": 1e12},
+              config={"train": {"lr": 3e-3}})
+    write_sweep(root, "a", ["d0", "d1", "l0", "l1", "l2"], "2025-01-01T00:00:00", ["family=dense,lidas"])
+    write_sweep(root, "b", ["d0", "d9"], "2025-02-01T00:00:00", ["train.lr=1e-3,3e-3"])
+    return root
+
+
+def test_load_one_sweep(store):
+    df = load(store, "a")
+    assert list(df.columns[:8]) == ["run_id", "sweep", "family", "size", "seed", "metric", "value",
+                                    "higher_is_better"]
+    assert len(df) == 4 * 2  # four done runs x two metrics; the failed run is not there
+    assert set(df["sweep"]) == {"a"} and set(df["run_id"]) == {"d0", "d1", "l0", "l1"}
+    assert list(df.columns[8:]) == []  # dense and lidas differ in nothing but family and seed here
+    tvd = df[(df["metric"] == "regbench_tvd")].set_index("run_id")
+    assert tvd.loc["l1", "value"] == pytest.approx(0.31) and not tvd.loc["l1", "higher_is_better"]
+    assert tvd.loc["l1", "seed"] == 1 and tvd.loc["l1", "family"] == "lidas" and tvd.loc["l1", "size"] == "tiny"
+
+
+def test_varying_config_columns(store, tmp_path):
+    assert "train.lr" not in load(store, "a").columns  # constant within sweep a
+    b = load(store, "b")
+    assert "train.lr" in b.columns and "train.steps" not in b.columns
+    assert list(b.columns).count("seed") == 1 and "family.name" not in b.columns
+    lr = b.drop_duplicates("run_id").set_index("run_id")["train.lr"]
+    assert lr.to_dict() == {"d0": pytest.approx(1e-3), "d9": pytest.approx(3e-3)}
+    looped = new_store(tmp_path / "other")
+    write_run(looped, "x", "dense", "tiny", 0, {"regbench_tvd": 0.3})
+    write_run(looped, "y", "looped", "tiny", 0, {"regbench_tvd": 0.3}, config={"train": {"betas": "auto"}})
+    df = load(looped)
+    assert {"model.n_layers", "train.betas"} <= set(df.columns)
+    assert set(df["train.betas"]) == {"[0.9, 0.95]", "auto"}  # a list and a text: one column of text
+
+
+def test_keys_of_one_family_only_do_not_split_cells(tmp_path):
+    """family.growth.alpha exists only for lidas and model.n_layers differs only for looped: NaN or
+    constant within each family, they restate the family and must not stop pairing with dense."""
+    root = new_store(tmp_path / "store")
+    for family in ("dense", "lidas", "looped"):
+        for seed in (0, 1, 2):
+            config = {"family": {"growth": {"alpha": 1.0}}} if family == "lidas" else None
+            write_run(root, f"{family}{seed}", family, "tiny", seed, {"regbench_tvd": 0.3 - seed / 100}, config=config)
+    df = load(root)
+    alpha = df.drop_duplicates("run_id").set_index("run_id")["family.growth.alpha"]
+    assert alpha["lidas0"] == 1.0 and alpha[["dense0", "looped0"]].isna().all()
+    assert {"family.growth.alpha", "model.n_layers"} <= set(df.columns) and cell_keys(df) == []
+    assert len(summarize(df)) == 3
+    table = compare(df)
+    assert list(table["family"]) == ["lidas", "looped"] and set(table["n_pairs"]) == {3}
+
+
+def test_load_all_runs_takes_the_earliest_sweep(store):
+    df = load(store)
+    assert set(df["run_id"]) == {"d0", "d1", "l0", "l1", "d9"}
+    sweeps = df.drop_duplicates("run_id").set_index("run_id")["sweep"]
+    assert sweeps["d0"] == "a" and sweeps["d9"] == "b"
+    assert "train.lr" in df.columns
+
+
+def test_load_runs_lists_every_status(store):
+    runs = load_runs(store, "a")
+    assert list(runs.columns) == ["run_id", "sweep", "family", "size", "seed", "status", "error"]
+    assert len(runs) == 5
+    failed = runs.set_index("run_id").loc["l2"]
+    assert failed["status"] == "failed" and "loss is NaN" in failed["error"]
+    assert failed["family"] == "lidas" and failed["seed"] == 2
+    assert set(load_runs(store)["run_id"]) == {"d0", "d1", "l0", "l1", "l2", "d9"}
+
+
+def test_listed_run_without_a_directory_is_pending_and_a_broken_state_corrupt(store):
+    write_sweep(store, "c", ["d0", "zz", "l2"], "2025-03-01T00:00:00", [])
+    (store / "runs" / "l2" / "state.json").write_text("{truncated")
+    runs = load_runs(store, "c").set_index("run_id")
+    assert runs.loc["zz", "status"] == "pending" and runs.loc["d0", "status"] == "done"
+    assert runs.loc["l2", "status"] == "corrupt" and "state.json" in runs.loc["l2", "error"]
+    assert set(load(store, "c")["run_id"]) == {"d0"}
+
+
+def test_load_items(store):
+    items = load_items(store, "a")
+    assert list(items.columns) == ["run_id", "family", "size", "seed", "metric", "item_id", "score", "weight"]
+    assert len(items) == 4 * 3
+    assert items.loc[items["run_id"] == "l1", "score"].tolist() == pytest.approx([0.1, 0.2, 0.3])
+    assert load_items(store, "b")["run_id"].unique().tolist() == ["d0"]  # d9 has no item files
+
+
+def test_errors_name_the_problem(store, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no sweep named 'nope'"):
+        load(store, "nope")
+    with pytest.raises(FileNotFoundError, match="store.json"):
+        load(tmp_path / "empty")
+    (store / "store.json").write_text(json.dumps({"format_version": 2}))
+    with pytest.raises(ValueError, match="format_version"):
+        load_runs(store)
+
+
+def test_analysis_reads_only_the_store():
+    """analysis must work from a notebook on a copied store: it never imports orchestrator or jobs."""
+    code = ("import sys, analysis; "
+            "assert not {m.split('.')[0] for m in sys.modules} & {'orchestrator', 'jobs'}, 'imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

@@ -1,0 +1,156 @@
+import numpy as np
+import pytest
+import torch
+
+from jobs.data.regbench import (IGNORE, N_SYMBOLS, PAD, SEP, Automaton, RegBenchConfig, TrainStream,
+                                build_eval_set, canonical, heldout_set, minimise, sample_automata)
+
+SMALL = {"name": "regbench", "vocab_size": 20, "n_symbols": 18, "seed": 7,
+         "num_states": [3, 5], "alphabet_size": [3, 6], "transitions_per_state": [1, 3],
+         "strings_per_instance": [5, 8], "string_length": [1, 8],
+         "train_automata": 60, "heldout_automata": 12, "seq_len": 96}
+A, B, C = 0, 1, 2
+
+
+def table(n_states, transitions):
+    """Transition table from {(state, symbol): target}."""
+    delta = np.full((n_states, N_SYMBOLS), -1)
+    for (state, symbol), target in transitions.items():
+        delta[state, symbol] = target
+    return delta
+
+
+def accepts(automaton, string):
+    state = 0
+    for symbol in string:
+        state = automaton.delta[state, symbol]
+        if state < 0:
+            return False
+    return True
+
+
+def test_minimise_merges_equivalent_states():
+    # States 1 and 2 both allow only c, to state 3; state 3 allows only a, back to 0.
+    delta = table(4, {(0, A): 1, (0, B): 2, (1, C): 3, (2, C): 3, (3, A): 0})
+    expected = table(3, {(0, A): 1, (0, B): 1, (1, C): 2, (2, A): 0})
+    np.testing.assert_array_equal(minimise(delta), expected)
+
+
+def test_minimise_keeps_states_that_differ_deeper():
+    # 1 and 2 allow the same symbol now, but their successors allow different ones.
+    delta = table(5, {(0, A): 1, (0, B): 2, (1, C): 3, (2, C): 4, (3, A): 0, (4, B): 0})
+    assert len(minimise(delta)) == 5
+
+
+def test_trimming_drops_unreachable_states():
+    delta = table(4, {(0, A): 2, (2, B): 0, (1, C): 3, (3, A): 1})  # 1 and 3 unreachable from 0
+    np.testing.assert_array_equal(canonical(delta), table(2, {(0, A): 1, (1, B): 0}))
+    assert Automaton.from_transitions(delta).n_states == 2
+
+
+def test_canonical_form_is_invariant_under_relabelling():
+    delta = table(4, {(0, A): 1, (0, C): 3, (1, B): 2, (2, A): 3, (3, B): 0, (3, C): 1})
+    perm = np.array([2, 0, 3, 1])  # old state s becomes perm[s]
+    relabelled = np.full_like(delta, -1)
+    relabelled[perm] = np.where(delta >= 0, perm[delta], -1)
+    np.testing.assert_array_equal(canonical(relabelled, start=int(perm[0])), canonical(delta))
+    # Automata compare by canonical form; a different start state is a different language.
+    assert Automaton.from_transitions(delta) == Automaton.from_transitions(canonical(relabelled, int(perm[0])))
+    assert Automaton.from_transitions(delta) != Automaton.from_transitions(canonical(delta, start=1))
+
+
+def test_pools_distinct_disjoint_and_deterministic():
+    train, heldout = sample_automata(SMALL)
+    assert (len(train), len(heldout)) == (60, 12)
+    assert len(set(train)) == 60 and len(set(heldout)) == 12
+    assert not set(train) & set(heldout)
+    assert sample_automata(dict(SMALL)) == (train, heldout)
+    # Held-out pool does not depend on the training pool size.
+    assert sample_automata({**SMALL, "train_automata": 30})[1] == heldout
+    assert sample_automata({**SMALL, "seed": 8})[1] != heldout
+    for automaton in train + heldout:
+        delta = automaton.delta
+        assert 1 <= automaton.n_states <= 5 and (delta >= 0).any(axis=1).all()  # no dead ends
+        assert len(np.flatnonzero((delta >= 0).any(axis=0))) <= 6
+        np.testing.assert_array_equal(minimise(delta), delta)  # stored minimal and canonical
+
+
+def test_train_stream_deterministic_and_stateless():
+    stream = TrainStream(SMALL, seed=0, batch_size=8)
+    x5, y5 = stream.batch(5)
+    stream.batch(3)
+    fresh = TrainStream(SMALL, seed=0, batch_size=8)
+    for first, second in zip((x5, y5), fresh.batch(5)):
+        assert torch.equal(first, second)
+    assert not torch.equal(x5, stream.batch(6)[0])
+    assert not torch.equal(x5, TrainStream(SMALL, seed=1, batch_size=8).batch(5)[0])
+    assert x5.shape == y5.shape == (8, 96) and x5.dtype == y5.dtype == torch.int64
+
+
+def test_train_targets_shifted_and_masked():
+    inputs, targets = TrainStream(SMALL, seed=3, batch_size=16).batch(0)
+    following = torch.cat([inputs[:, 1:], targets[:, -1:]], dim=1)
+    symbol = targets != IGNORE
+    assert torch.equal(targets[symbol], following[symbol])
+    assert (targets[symbol] < N_SYMBOLS).all()
+    # Masked exactly where the next token is a separator or pad.
+    assert torch.isin(inputs[:, 1:][~symbol[:, :-1]], torch.tensor([SEP, PAD])).all()
+    assert (inputs[:, 0] == SEP).all()
+
+
+def test_instances_are_walks_with_configured_counts_and_lengths():
+    cfg = {**SMALL, "seq_len": 200}  # long enough that nothing is truncated
+    eval_set = heldout_set(cfg, 24)
+    heldout = sample_automata(cfg)[1]
+    for i, row in enumerate(eval_set.inputs):
+        text = row[row != PAD]
+        assert text[0] == SEP and (row[len(text):] == PAD).all()
+        strings = np.split(text[1:], np.flatnonzero(text[1:] == SEP))
+        strings = [s[s != SEP] for s in strings]
+        assert 5 <= len(strings) <= 8
+        assert all(1 <= len(s) <= 8 and accepts(heldout[i % 12], s) for s in strings)
+
+
+def test_eval_set_reference_on_hand_built_automaton():
+    # 0 --a--> 1, 0 --b--> 2, 1 --c--> 0, 2 --a--> 0, 2 --c--> 1
+    delta = table(3, {(0, A): 1, (0, B): 2, (1, C): 0, (2, A): 0, (2, C): 1})
+    automaton = Automaton.from_transitions(delta)
+    np.testing.assert_array_equal(automaton.delta, delta)  # already minimal and in BFS order
+    eval_set = build_eval_set([automaton], SMALL, 6, np.random.default_rng(0))
+    allowed = {0: {A, B}, 1: {C}, 2: {A, C}}
+    for row in range(6):
+        state, strings_done = 0, -1
+        for t, token in enumerate(eval_set.inputs[row]):
+            if token == PAD:
+                assert not eval_set.valid[row, t] and not eval_set.valid_next[row, t].any()
+                continue
+            if token == SEP:
+                state, strings_done = 0, strings_done + 1
+            else:
+                state = automaton.delta[state, token]
+            expected = np.zeros(N_SYMBOLS)
+            expected[list(allowed[int(state)])] = 1
+            assert eval_set.valid[row, t]
+            np.testing.assert_array_equal(eval_set.valid_next[row, t], expected > 0)
+            np.testing.assert_allclose(eval_set.ref[row, t], expected / expected.sum())
+            assert eval_set.n_context_strings[row, t] == strings_done
+
+
+def test_heldout_set_deterministic_and_read_only():
+    first, second = heldout_set(SMALL, 10), heldout_set(dict(SMALL), 10)
+    np.testing.assert_array_equal(first.inputs, second.inputs)
+    assert first.inputs.shape == (10, 96) and first.ref.shape == (10, 96, N_SYMBOLS)
+    with pytest.raises(ValueError):
+        first.inputs[0, 0] = 0
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        TrainStream({**SMALL, "num_states": [1, 3]}, seed=0, batch_size=2)
+    with pytest.raises(ValueError):
+        sample_automata({**SMALL, "num_states": [2, 2], "alphabet_size": [1, 1], "heldout_automata": 40})
+
+
+def test_accepts_hydra_config():
+    omegaconf = pytest.importorskip("omegaconf")
+    assert RegBenchConfig.parse(omegaconf.OmegaConf.create(SMALL)) == RegBenchConfig.parse(SMALL)

@@ -1,0 +1,258 @@
+"""write_report on a fake store: numbers traced back to metrics.json, references, failures, determinism."""
+
+import itertools
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from rich.console import Console
+from scipy import stats
+from test_analysis_load import new_store, write_run, write_sweep
+
+from analysis import AnalysisOptions, analyse, read_results, render_summary, write_report
+
+NGRAMS = {"ngram1_tvd": 0.42, "ngram2_tvd": 0.20, "ngram3_tvd": 0.15}
+# regbench_tvd per family, size and seed; looped at tiny is worse than the unigram estimator.
+TVD = {("dense", "tiny"): [0.30, 0.28, 0.33], ("lidas", "tiny"): [0.25, 0.27, 0.26],
+       ("looped", "tiny"): [0.45, 0.44, 0.47], ("dense", "small"): [0.22, 0.21, 0.25],
+       ("lidas", "small"): [0.20, 0.19, 0.22], ("looped", "small"): [0.24, 0.23, 0.23]}
+CELL = re.compile(r"(-?[\d.]+(?:e[-+]?\d+)?) \[(-?[\d.]+(?:e[-+]?\d+)?), (-?[\d.]+(?:e[-+]?\d+)?)\] \(n=(\d+)\)")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    root = new_store(tmp_path / "store")
+    run_ids = []
+    for (family, size), values in TVD.items():
+        for seed, tvd in enumerate(values):
+            run_id = f"{family}-{size}-{seed}"
+            write_run(root, run_id, family, size, seed,
+                      {"regbench_tvd": tvd, "regbench_acc": 1 - tvd - 0.1 * seed, **NGRAMS, "train_flops": 1e12})
+            run_ids.append(run_id)
+    write_run(root, "looped-tiny-3", "looped", "tiny", 3, status="failed", error="CUDA error: out of memory")
+    write_sweep(root, "demo", [*run_ids, "looped-tiny-3"], "2025-01-01T00:00:00", ["family=dense,lidas,looped"])
+    return root
+
+
+def metric_values(root: Path, family: str, size: str, metric: str) -> np.ndarray:
+    """The values straight from the runs' metrics.json files, bypassing analysis.load."""
+    return np.array([json.loads((root / "runs" / f"{family}-{size}-{seed}" / "metrics.json").read_text())
+                     ["metrics"][metric] for seed in range(3)])
+
+
+def markdown_table(report: str, heading: str) -> list[dict[str, str]]:
+    """The first markdown table after `heading`, one {column: cell} per row."""
+    lines = report.split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = [[cell.strip() for cell in line.strip("|").split("|")]
+             for line in itertools.takewhile(lambda line: line.startswith("|"), lines[start:])]
+    return [dict(zip(table[0], row)) for row in table[2:]]
+
+
+def table_rows(report: str, heading: str) -> dict[str, dict[str, str]]:
+    """The first markdown table after `heading`, as {first cell: {column: cell}} for the others."""
+    rows = [list(row.items()) for row in markdown_table(report, heading)]
+    return {row[0][1]: dict(row[1:]) for row in rows}
+
+
+def test_report_numbers_come_from_metrics_json(store):
+    report = write_report(store, "demo").read_text()
+    rows = table_rows(report, "### RegBench TVD (`regbench_tvd`, lower is better)")
+    for (family, size) in TVD:
+        x = metric_values(store, family, size, "regbench_tvd")
+        mean, low, high, n = CELL.fullmatch(rows[family][size]).groups()
+        half = stats.t.ppf(0.975, 2) * stats.sem(x)
+        assert float(mean) == pytest.approx(x.mean(), rel=1e-3)
+        assert (float(low), float(high)) == (pytest.approx(x.mean() - half, rel=1e-3),
+                                             pytest.approx(x.mean() + half, rel=1e-3))
+        assert int(n) == 3
+
+
+def test_comparison_sentences(store):
+    report = write_report(store, "demo").read_text()
+    for family in ("lidas", "looped"):
+        for size in ("small", "tiny"):
+            line = next(l for l in report.splitlines() if l.startswith(f"- {family} vs dense, RegBench TVD, {size}:"))
+            raw = float(re.search(r": ([-+][\d.]+(?:e[-+]?\d+)?), ", line).group(1))
+            expected = (metric_values(store, family, size, "regbench_tvd")
+                        - metric_values(store, "dense", size, "regbench_tvd")).mean()
+            assert raw == pytest.approx(expected, rel=1e-3)
+            assert ("better" if expected < 0 else "worse") in line.split(",")[3]
+            assert "paired t, 3 seeds, Holm p = " in line and "sign-flip p = " in line
+    lidas_tiny = next(l for l in report.splitlines() if l.startswith("- lidas vs dense, RegBench TVD, tiny:"))
+    assert "3/3 seeds better; sign-flip p = 0.25 (the smallest possible)" in lidas_tiny
+    assert "### RegBench accuracy (exploratory, Benjamini-Hochberg)" in report
+    assert "ngram1_tvd" not in report.split("## Comparisons")[1].split("## Failed")[0]
+
+
+def test_reference_rows_and_icl_position(store):
+    report = write_report(store, "demo").read_text()
+    rows = table_rows(report, "### RegBench TVD (`regbench_tvd`, lower is better)")
+    for metric, name in (("ngram1_tvd", "unigram"), ("ngram2_tvd", "bigram"), ("ngram3_tvd", "trigram")):
+        assert float(rows[f"*in-context {name} (reference)*"]["tiny"]) == pytest.approx(NGRAMS[metric])
+    position = table_rows(report, "Position between the in-context estimators")
+    lidas = np.mean(TVD[("lidas", "tiny")])
+    expected = (NGRAMS["ngram1_tvd"] - lidas) / (NGRAMS["ngram1_tvd"] - NGRAMS["ngram2_tvd"])
+    assert float(position["lidas"]["tiny"]) == pytest.approx(expected, rel=1e-3)
+    assert "> **Warning:** looped at tiny does not beat the in-context unigram estimator" in report
+    assert "learned no in-context learning; comparisons on it are meaningless" in report
+    assert "looped at small does not beat" not in report
+
+
+def test_header_failed_runs_and_how_to_read(store):
+    report = write_report(store, "demo").read_text()
+    assert report.startswith("# Sweep `demo`: results")
+    assert "- Runs: 18 done, 1 failed, 0 not finished (19 in the sweep)" in report
+    assert "- Seeds per cell: 3" in report and "- Analysis seed: 0" in report
+    failed = table_rows(report, "## Failed and unfinished runs")
+    assert failed["looped-tiny-3"] == {"family": "looped", "size": "tiny", "seed": "3", "status": "failed",
+                                       "error": "CUDA error: out of memory"}
+    assert "## How to read this" in report and "2 / 2^n" in report
+
+
+def test_report_is_byte_identical_on_a_second_call(store):
+    path = write_report(store, "demo")
+    first = path.read_bytes()
+    assert write_report(store, "demo").read_bytes() == first
+    assert not list(path.parent.glob(".*"))  # no temporary files left behind
+
+
+def test_results_parquet(store):
+    write_report(store, "demo")
+    results = pd.read_parquet(store / "sweeps" / "demo" / "results.parquet")
+    assert set(results["table"]) == {"runs", "cells", "comparisons"} and set(results["sweep"]) == {"demo"}
+    runs = read_results(store / "sweeps" / "demo" / "results.parquet", "runs")
+    assert len(runs) == 18 * 6 + 1 and runs.loc[runs["status"] == "failed", "run_id"].tolist() == ["looped-tiny-3"]
+    cells = read_results(store / "sweeps" / "demo" / "results.parquet", "cells")
+    expected = analyse(store, "demo").cells
+    merged = cells.merge(expected, on=["family", "size", "metric"], suffixes=("", "_expected"))
+    assert len(merged) == len(expected) == 3 * 2 * 6
+    np.testing.assert_allclose(merged["mean"], merged["mean_expected"])
+    np.testing.assert_allclose(merged["boot_ci_low"], merged["boot_ci_low_expected"])
+    comparisons = read_results(store / "sweeps" / "demo" / "results.parquet", "comparisons")
+    assert set(comparisons["verdict"]) <= {"better", "worse", "equivalent", "inconclusive"}
+    assert comparisons["seeds_needed"].dtype == "Int64"
+    assert list(comparisons.columns[1:]) == list(analyse(store, "demo").comparisons.columns)
+    assert cells["iqm"].isna().all()  # an all-empty column of a table is kept
+
+
+def test_render_summary_prints(store):
+    console = Console(width=200, record=True)
+    console.print(render_summary(analyse(store, "demo")))
+    text = console.export_text()
+    assert "regbench_tvd" in text and "lidas" in text and "Holm" in text
+
+
+def test_report_of_a_sweep_with_nothing_done(tmp_path):
+    root = new_store(tmp_path / "store")
+    write_run(root, "x", "dense", "tiny", 0, status="failed", error="boom")
+    write_sweep(root, "broken", ["x", "y"], "2025-01-01T00:00:00", [])
+    report = write_report(root, "broken").read_text()
+    assert "- Runs: 0 done, 1 failed, 1 not finished (2 in the sweep)" in report
+    assert "No comparisons" in report
+    failed = table_rows(report, "## Failed and unfinished runs")
+    assert failed["x"]["error"] == "boom" and failed["y"] == {"family": "–", "size": "–", "seed": "–",
+                                                              "status": "pending", "error": ""}
+    assert set(read_results(root / "sweeps" / "broken" / "results.parquet", "runs")["run_id"]) == {"x", "y"}
+
+
+# ---- a sweep over a hyper-parameter ------------------------------------------------------------
+
+LRS = {0.001: 0.0, 0.003: -0.04}  # learning rate -> shift of every regbench_tvd
+
+
+@pytest.fixture
+def lr_store(tmp_path: Path) -> Path:
+    """family=dense,lidas seed=0,1,2 train.lr=0.001,0.003 at tiny: 12 runs, two per (family, seed);
+    only lidas has family.growth.alpha, as in a real store."""
+    root = new_store(tmp_path / "store")
+    run_ids = []
+    for lr, shift in LRS.items():
+        for family in ("dense", "lidas"):
+            for seed, tvd in enumerate(TVD[(family, "tiny")]):
+                run_id = f"{family}-{lr}-{seed}"
+                config = {"train": {"lr": lr}, **({"family": {"growth": {"alpha": 1.0}}} if family == "lidas" else {})}
+                tvd += shift * (1 + seed * (family == "lidas"))  # the gap to dense depends on lr
+                write_run(root, run_id, family, "tiny", seed, {"regbench_tvd": tvd, **NGRAMS}, config=config)
+                run_ids.append(run_id)
+    write_sweep(root, "lr", run_ids, "2025-01-01T00:00:00", ["family=dense,lidas", "train.lr=0.001,0.003"])
+    return root
+
+
+def run_values(root: Path, run_ids: list[str], metric: str) -> np.ndarray:
+    return np.array([json.loads((root / "runs" / run_id / "metrics.json").read_text())["metrics"][metric]
+                     for run_id in run_ids])
+
+
+def test_lr_sweep_report_has_a_cell_per_learning_rate(lr_store):
+    report = write_report(lr_store, "lr").read_text()
+    rows = markdown_table(report, "### RegBench TVD (`regbench_tvd`, lower is better)")
+    assert list(rows[0]) == ["family", "train.lr", "tiny"]
+    models = [(row["family"], row["train.lr"]) for row in rows if not row["family"].startswith("*")]
+    assert models == [("dense", "0.001"), ("dense", "0.003"), ("lidas", "0.001"), ("lidas", "0.003")]
+    for row in rows[:4]:
+        x = run_values(lr_store, [f"{row['family']}-{row['train.lr']}-{seed}" for seed in range(3)], "regbench_tvd")
+        mean, *_, n = CELL.fullmatch(row["tiny"]).groups()
+        assert float(mean) == pytest.approx(x.mean(), rel=1e-3) and n == "3"
+    unigram = next(row for row in rows if row["family"] == "*in-context unigram (reference)*")
+    assert unigram == {"family": unigram["family"], "train.lr": "all", "tiny": "0.42"}
+
+
+def test_lr_sweep_compares_within_each_learning_rate(lr_store):
+    report = write_report(lr_store, "lr").read_text()
+    for lr in LRS:
+        start = f"- lidas vs dense, RegBench TVD, tiny, train.lr={lr}:"
+        line = next(line for line in report.splitlines() if line.startswith(start))
+        raw = float(re.search(r": ([-+][\d.]+(?:e[-+]?\d+)?), ", line).group(1))
+        lidas, dense = ([run_values(lr_store, [f"{family}-{lr}-{seed}" for seed in range(3)], "regbench_tvd")
+                         for family in ("lidas", "dense")])
+        expected = (lidas - dense).mean()
+        assert raw == pytest.approx(expected, rel=1e-3) and "paired t, 3 seeds" in line
+    assert "- Cells: family x size x train.lr x metric, seeds as replicates; also varying, not split on:" \
+           " family.growth.alpha" in report
+    assert "(regbench_tvd x families x sizes x train.lr values, m = 2)" in report
+    comparisons = analyse(lr_store, "lr").comparisons
+    assert list(comparisons.columns[:5]) == ["family", "baseline", "size", "train.lr", "metric"]
+    assert sorted(comparisons["train.lr"]) == sorted(LRS) and set(comparisons["correction"]) == {"holm"}
+
+
+def test_lr_sweep_report_is_deterministic_and_summarised(lr_store):
+    first = write_report(lr_store, "lr").read_bytes()
+    assert write_report(lr_store, "lr").read_bytes() == first
+    cells = read_results(lr_store / "sweeps" / "lr" / "results.parquet", "cells")
+    assert list(cells.columns[:5]) == ["sweep", "family", "size", "train.lr", "metric"] and len(cells) == 2 * 2 * 4
+    console = Console(width=200, record=True)
+    console.print(render_summary(analyse(lr_store, "lr")))
+    text = console.export_text()
+    assert "train.lr" in text and "0.003" in text
+
+
+def test_explicit_cell_keys_in_the_options(lr_store):
+    assert analyse(lr_store, "lr", AnalysisOptions(by=("train.lr",))).keys == ("train.lr",)
+    with pytest.raises(ValueError, match="differ in another config key"):
+        analyse(lr_store, "lr", AnalysisOptions(by=()))
+
+
+def test_reference_rows_per_evaluation_data(tmp_path):
+    """When data.* varies, the in-context estimators differ per data set: one reference row each."""
+    root = new_store(tmp_path / "store")
+    run_ids = []
+    for data, unigram in (("regbench", 0.5), ("regbench_easy", 0.42)):
+        for family in ("dense", "lidas"):
+            for seed, tvd in enumerate(TVD[(family, "tiny")]):
+                run_ids.append(f"{family}-{data}-{seed}")
+                write_run(root, run_ids[-1], family, "tiny", seed,
+                          {"regbench_tvd": tvd, **NGRAMS, "ngram1_tvd": unigram}, config={"data": {"name": data}})
+    write_sweep(root, "data", run_ids, "2025-01-01T00:00:00", ["data=regbench,regbench_easy"])
+    report = write_report(root, "data").read_text()
+    rows = markdown_table(report, "### RegBench TVD (`regbench_tvd`, lower is better)")
+    unigram = {row["data.name"]: row["tiny"] for row in rows if row["family"] == "*in-context unigram (reference)*"}
+    assert unigram == {"regbench": "0.5", "regbench_easy": "0.42"}
+    position = markdown_table(report, "Position between the in-context estimators")
+    dense = {row["data.name"]: float(row["tiny"]) for row in position if row["family"] == "dense"}
+    mean = np.mean(TVD[("dense", "tiny")])
+    assert dense == {"regbench": pytest.approx((0.5 - mean) / (0.5 - 0.20), rel=1e-3),
+                     "regbench_easy": pytest.approx((0.42 - mean) / (0.42 - 0.20), rel=1e-3)}

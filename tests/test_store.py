@@ -1,0 +1,89 @@
+"""The results store: atomic files, claims between processes, sweeps as growing sets."""
+import json
+import multiprocessing as mp
+import time
+
+import pytest
+
+from orchestrator.store import CORRUPT, DONE, FAILED, RUNNING, Store, StoreError, run_status, write_json
+
+
+def test_state_round_trip_and_run_status(tmp_path):
+    s = Store(tmp_path)
+    s.create()
+    jobs = ["train", "regbench"]
+    s.start_job("r1", "train", jobs)
+    st = s.read_state("r1")
+    assert st["status"] == RUNNING and st["jobs"]["train"]["attempts"] == 1
+    s.end_job("r1", "train", jobs)
+    assert s.read_state("r1")["status"] == "pending"  # regbench still to do
+    s.start_job("r1", "regbench", jobs)
+    s.end_job("r1", "regbench", jobs, error="ValueError: boom")
+    st = s.read_state("r1")
+    assert st["status"] == FAILED and st["error"] == "ValueError: boom"
+    s.start_job("r1", "regbench", jobs)
+    s.end_job("r1", "regbench", jobs)
+    st = s.read_state("r1")
+    assert st["status"] == DONE and st["error"] is None and st["jobs"]["regbench"]["attempts"] == 2
+
+
+def test_truncated_state_reads_as_corrupt_and_is_recovered(tmp_path):
+    s = Store(tmp_path)
+    s.create()
+    s.start_job("r1", "train", ["train"])
+    path = s.run_dir("r1") / "state.json"
+    path.write_text(path.read_text()[:20])
+    assert s.read_state("r1")["status"] == CORRUPT
+    s.start_job("r1", "train", ["train"])
+    assert s.read_state("r1")["status"] == RUNNING
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path):
+    write_json(tmp_path / "a.json", {"x": 1})
+    write_json(tmp_path / "a.json", {"x": 2})
+    assert json.loads((tmp_path / "a.json").read_text()) == {"x": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def _hold(root, seconds, ready):
+    with Store(root).claim("r1"):
+        ready.set()
+        time.sleep(seconds)
+
+
+def test_claim_is_exclusive_across_processes_and_freed_on_death(tmp_path):
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_hold, args=(str(tmp_path), 30, ready))
+    p.start()
+    assert ready.wait(30)
+    s = Store(tmp_path)
+    assert s.is_claimed("r1")
+    with s.claim("r1", wait=False) as got:
+        assert not got
+    p.kill()  # the kernel releases the flock of a killed process
+    p.join()
+    assert not s.is_claimed("r1")
+
+
+def test_sweep_is_a_growing_set_of_runs(tmp_path):
+    s = Store(tmp_path)
+    s.create()
+    s.record_sweep("demo", ["seed=0,1"], ["a", "b"])
+    sw = s.record_sweep("demo", ["seed=1,2"], ["b", "c"])
+    assert sw["run_ids"] == ["a", "b", "c"] and len(sw["invocations"]) == 2
+    with pytest.raises(StoreError, match="known sweeps: demo"):
+        s.read_sweep("nope")
+
+
+def test_future_format_version_is_refused(tmp_path):
+    write_json(tmp_path / "store.json", {"format_version": 99})
+    with pytest.raises(StoreError, match="format version 99, newer"):
+        Store(tmp_path).check()
+
+
+def test_run_status_precedence():
+    assert run_status(["done", "done"]) == DONE
+    assert run_status(["done", "pending"]) == "pending"
+    assert run_status(["failed", "running"]) == FAILED
+    assert run_status([]) == "pending"

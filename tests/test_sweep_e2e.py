@@ -1,0 +1,145 @@
+"""End to end through the real CLI on a real local Ray: a micro sweep of 3 families x 2 seeds,
+its report checked against the stored metrics, reruns that train nothing, a worker killed with
+SIGKILL mid-training that resumes bit-identically, and Ctrl-C that resumes."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import analysis
+
+CLI = [sys.executable, "-m", "orchestrator"]
+MICRO = ["size=micro", "family=lidas,looped,dense", "seed=0,1", "cluster.num_cpus=2"]
+
+
+def sweep(root: Path, *overrides: str, name: str = "e2e", **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "sweep", *overrides, f"store.root={root}", "--name", name],
+                          capture_output=True, text=True, timeout=600, **kw)
+
+
+def metrics(root: Path, run_id: str) -> dict:
+    return json.loads((root / "runs" / run_id / "metrics.json").read_text())["metrics"]
+
+
+@pytest.fixture(scope="module")
+def micro_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    done = sweep(root, *MICRO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root, done.stdout
+
+
+def test_sweep_writes_every_run_and_a_report_that_matches_the_metrics(micro_store):
+    root, out = micro_store
+    spec = yaml.safe_load((root / "sweeps" / "e2e" / "sweep.yaml").read_text())
+    assert len(spec["run_ids"]) == 6
+    seen = set()
+    for rid in spec["run_ids"]:
+        run = root / "runs" / rid
+        state = json.loads((run / "state.json").read_text())
+        assert state["status"] == "done" and state["jobs"]["train"]["attempts"] == 1
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        seen.add((cfg["family"]["name"], cfg["seed"]))
+        m = metrics(root, rid)
+        assert 0 < m["regbench_tvd"] < 1 and m["train_flops"] > 0
+        assert pd.read_parquet(run / "items" / "regbench.parquet")["item_id"].nunique() == 200
+        assert not pd.read_parquet(run / "history.parquet").empty
+        assert list((run / "checkpoints").glob("step_*.pt"))
+    assert seen == {(f, s) for f in ("dense", "lidas", "looped") for s in (0, 1)}
+
+    cells = analysis.read_results(root / "sweeps" / "e2e" / "results.parquet", "cells")
+    tvd = cells[cells["metric"] == "regbench_tvd"].set_index("family")
+    for family in ("dense", "lidas", "looped"):
+        values = [metrics(root, rid)["regbench_tvd"] for rid in spec["run_ids"]
+                  if yaml.safe_load((root / "runs" / rid / "config.yaml").read_text())["family"]["name"] == family]
+        assert tvd.loc[family, "n_seeds"] == 2
+        assert tvd.loc[family, "mean"] == pytest.approx(sum(values) / 2, abs=1e-12)
+    report = (root / "sweeps" / "e2e" / "report.md").read_text()
+    assert "in-context unigram" in report and "lidas" in report
+    assert f"{tvd.loc['dense', 'mean']:.4f}" in report
+    assert "report:" in out
+
+
+def test_rerun_trains_nothing_and_status_reads_the_store(micro_store):
+    root, _ = micro_store
+    before = {p: p.stat().st_mtime_ns for p in root.glob("runs/*/checkpoints/*.pt")}
+    again = sweep(root, *MICRO)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "6 runs, 6 cached" in again.stdout
+    assert before == {p: p.stat().st_mtime_ns for p in root.glob("runs/*/checkpoints/*.pt")}
+    status = subprocess.run([*CLI, "status", "--store", str(root)], capture_output=True, text=True)
+    assert status.returncode == 0 and "done 6" in status.stdout
+    dry = subprocess.run([*CLI, "sweep", *MICRO, "seed=0,1,2", f"store.root={root}", "--dry-run"],
+                         capture_output=True, text=True)
+    words = [line.split()[-1] for line in dry.stdout.splitlines() if line.endswith(("cached", "new"))]
+    assert sorted(words) == ["cached"] * 6 + ["new"] * 3
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def _running_pid(root: Path):
+    for state_file in root.glob("runs/*/state.json"):
+        try:
+            train = json.loads(state_file.read_text())["jobs"]["train"]
+        except (ValueError, KeyError):
+            continue
+        ckpts = list((state_file.parent / "checkpoints").glob("step_*.pt"))
+        if train["status"] == "running" and ckpts:
+            return state_file.parent.name, train["pid"]
+    return None
+
+
+LONG = ["size=micro", "family=lidas", "seed=0", "train.steps=400", "train.checkpoint_every=40",
+        "cluster.num_cpus=1"]
+
+
+def test_killed_worker_resumes_from_its_checkpoint_bit_identically(tmp_path):
+    clean = sweep(tmp_path / "clean", *LONG)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+
+    root = tmp_path / "killed"
+    driver = subprocess.Popen([*CLI, "sweep", *LONG, f"store.root={root}", "--name", "e2e"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    found = []
+    _wait_for(lambda: found.append(_running_pid(root)) or found[-1])
+    rid, pid = found[-1]
+    os.kill(pid, signal.SIGKILL)
+    out, _ = driver.communicate(timeout=600)
+    assert driver.returncode == 0, out
+    state = json.loads((root / "runs" / rid / "state.json").read_text())
+    assert state["status"] == "done" and state["jobs"]["train"]["attempts"] == 2
+    a, b = metrics(tmp_path / "clean", rid), metrics(root, rid)
+    for key in ("final_loss", "regbench_tvd", "regbench_l1_ref", "regbench_acc", "train_flops"):
+        assert a[key] == b[key], key
+    history_a = pd.read_parquet(tmp_path / "clean" / "runs" / rid / "history.parquet")
+    history_b = pd.read_parquet(root / "runs" / rid / "history.parquet")
+    pd.testing.assert_frame_equal(history_a, history_b)
+
+
+def test_ctrl_c_marks_jobs_interrupted_and_the_same_command_resumes(tmp_path):
+    root = tmp_path / "store"
+    driver = subprocess.Popen([*CLI, "sweep", *LONG, f"store.root={root}", "--name", "e2e"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(lambda: _running_pid(root))
+    driver.send_signal(signal.SIGINT)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 130, out
+    assert "interrupted" in out
+    (state_file,) = root.glob("runs/*/state.json")
+    assert json.loads(state_file.read_text())["jobs"]["train"]["status"] == "interrupted"
+    resumed = sweep(root, *LONG)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    state = json.loads(state_file.read_text())
+    assert state["status"] == "done" and state["jobs"]["train"]["attempts"] == 2

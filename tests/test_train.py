@@ -1,0 +1,178 @@
+"""Training loop: schedule, learning, determinism, checkpoints and kill/resume bit-identity."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from jobs.checkpoint import checkpoint_paths, latest_checkpoint, load_checkpoint, load_model, save_atomic
+from jobs.flops import schedule_flops
+from jobs.train import learning_rate, train
+from test_model import micro_cfg
+
+BATCH, SEQ, VOCAB = 8, 16, 16
+
+
+def counting_batches(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences start + 0, 1, 2, ... mod V: learnable, and a pure function of the step."""
+    start = torch.randint(0, VOCAB, (BATCH, 1), generator=torch.Generator().manual_seed(step))
+    sequence = (start + torch.arange(SEQ + 1)) % VOCAB
+    targets = sequence[:, 1:].clone()
+    targets[:, :2] = -100  # some ignored positions, as real data has
+    return sequence[:, :-1], targets
+
+
+class Interrupt(Exception):
+    pass
+
+
+def interrupt_at(step: int):
+    def progress(report: dict) -> None:
+        if report["step"] == step:
+            raise Interrupt
+    return progress
+
+
+def assert_same_run(first: Path, second: Path) -> None:
+    a, b = latest_checkpoint(first), latest_checkpoint(second)
+    assert a["history"] == b["history"]
+    assert a["ancestors"] == b["ancestors"]
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, Path]:
+    """One uninterrupted run per family, to compare the others with."""
+    runs = {}
+    for family in ("dense", "lidas", "looped"):
+        runs[family] = tmp_path_factory.mktemp(family)
+        train(micro_cfg(family), runs[family], counting_batches)
+    return runs
+
+
+def test_learning_rate_schedule():
+    cfg = micro_cfg(steps=100)["train"]
+    assert [learning_rate(s, cfg) for s in range(3)] == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2])
+    assert learning_rate(99, cfg) == pytest.approx(1e-3)
+    later = [learning_rate(s, cfg) for s in range(2, 100)]
+    assert all(a >= b for a, b in zip(later, later[1:]))
+
+
+def test_loss_decreases_on_a_learnable_task(reference):
+    history = latest_checkpoint(reference["dense"])["history"]
+    assert history[0]["loss"] > math.log(VOCAB) - 0.5
+    assert history[-1]["loss"] < 0.5 * history[0]["loss"]
+
+
+def test_history_and_metrics(tmp_path):
+    cfg = micro_cfg("lidas")
+    reports = []
+    metrics = train(cfg, tmp_path, counting_batches, reports.append)
+    state = latest_checkpoint(tmp_path)
+    assert [r["step"] for r in reports] == list(range(2, 31, 2))
+    assert set(reports[0]) == {"step", "total_steps", "loss", "lr", "n_layers",
+                               "tokens_per_s", "elapsed_s", "eta_s"}
+    assert [row["n_layers"] for row in state["history"]][::5] == [2, 4, 6]
+    assert metrics["train_tokens"] == state["history"][-1]["tokens"] == 30 * BATCH * SEQ
+    assert metrics["train_flops"] == schedule_flops(cfg, BATCH * SEQ, SEQ)
+    assert metrics["final_layers"] == 6 and metrics["ancestors"] == [0, 1, 0, 1, 0, 1]
+    assert metrics["final_loss"] == pytest.approx(sum(r["loss"] for r in state["history"][-2:]) / 2)
+    assert metrics["steps"] == 30 and metrics["tokens_per_s"] > 0
+    assert metrics["history"] == state["history"]
+
+
+def test_same_seed_is_bit_identical(reference, tmp_path):
+    train(micro_cfg("dense"), tmp_path, counting_batches)
+    assert_same_run(reference["dense"], tmp_path)
+
+
+def test_other_seed_differs(reference, tmp_path):
+    cfg = micro_cfg("dense")
+    cfg["seed"] = 1
+    train(cfg, tmp_path, counting_batches)
+    assert latest_checkpoint(tmp_path)["history"] != latest_checkpoint(reference["dense"])["history"]
+
+
+# LIDAS stages here are steps 0-5, 5-15, 15-30; checkpoints at 5, 7, 14, 15, 21, 28, 30.
+# Killed at 6 or 16 it resumes from a stage-boundary checkpoint and must redo the growth;
+# killed at 26 it rebuilds the grown 6-layer model from step 21.
+@pytest.mark.parametrize("family,killed_at",
+                         [("dense", 12), ("looped", 24), ("lidas", 6), ("lidas", 16), ("lidas", 26)])
+def test_kill_and_resume_is_bit_identical(reference, tmp_path, family, killed_at):
+    cfg = micro_cfg(family)
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path, counting_batches, interrupt_at(killed_at))
+    assert latest_checkpoint(tmp_path)["step"] < 30
+    train(cfg, tmp_path, counting_batches)
+    assert_same_run(reference[family], tmp_path)
+
+
+def test_finished_run_reports_without_training(reference):
+    cfg = micro_cfg("lidas")
+
+    def no_batches(step: int):
+        raise AssertionError("a finished run must not train")
+
+    metrics = train(cfg, reference["lidas"], no_batches, interrupt_at(30))
+    assert metrics["steps"] == 30 and metrics["final_layers"] == 6
+    assert metrics["ancestors"] == [0, 1, 0, 1, 0, 1]
+
+
+def test_checkpoint_files(reference):
+    paths = checkpoint_paths(reference["lidas"])
+    assert [p.name for p in paths] == ["step_0000028.pt", "step_0000030.pt"]
+    assert not list(paths[0].parent.glob(".*"))  # no temp files left behind
+    state = load_checkpoint(paths[-1])
+    assert {"model", "optimizer", "step", "n_layers", "ancestors", "history", "tokens", "flops"} <= set(state)
+    assert state["step"] == 30 and state["n_layers"] == 6
+
+
+def test_corrupt_newest_checkpoint_falls_back(reference, tmp_path):
+    cfg = micro_cfg("lidas")
+    train(cfg, tmp_path, counting_batches)
+    newest = checkpoint_paths(tmp_path)[-1]
+    newest.write_bytes(newest.read_bytes()[:1000])
+    assert latest_checkpoint(tmp_path)["step"] == 28
+    train(cfg, tmp_path, counting_batches)
+    assert_same_run(reference["lidas"], tmp_path)
+
+
+def test_unreadable_files_newer_than_a_save_are_dropped(tmp_path):
+    cfg = micro_cfg("dense")
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path, counting_batches, interrupt_at(16))
+    (tmp_path / "checkpoints" / "step_0000099.pt").write_bytes(b"")
+    train(cfg, tmp_path, counting_batches)
+    assert [p.name for p in checkpoint_paths(tmp_path)] == ["step_0000028.pt", "step_0000030.pt"]
+
+
+def test_save_atomic_replaces_whole_files(tmp_path):
+    path = tmp_path / "deep" / "x.pt"
+    save_atomic({"a": torch.ones(3)}, path)
+    save_atomic({"a": torch.zeros(3), "n": 2}, path)
+    assert torch.equal(load_checkpoint(path)["a"], torch.zeros(3))
+    assert [p.name for p in path.parent.iterdir()] == ["x.pt"]
+
+
+def test_load_model_for_evaluation(reference, tmp_path):
+    cfg = micro_cfg("lidas")
+    model = load_model(cfg, reference["lidas"])
+    assert not model.training and model.ancestors == [0, 1, 0, 1, 0, 1]
+    inputs, targets = counting_batches(1000)
+    accuracy = (model(inputs).argmax(-1) == targets)[targets != -100].float().mean()
+    assert accuracy > 0.5
+    with pytest.raises(FileNotFoundError):
+        load_model(cfg, tmp_path)
+
+
+def test_non_finite_loss_names_the_step(tmp_path):
+    def batches_with_a_hole(step: int):
+        inputs, targets = counting_batches(step)
+        return inputs, torch.full_like(targets, -100) if step == 4 else targets  # mean over nothing: nan
+
+    with pytest.raises(FloatingPointError, match=r"step 4\b"):
+        train(micro_cfg("dense"), tmp_path, batches_with_a_hole)
+    assert latest_checkpoint(tmp_path) is None
