@@ -467,7 +467,7 @@ def save_report(analysis: Analysis, store_root: str | Path) -> Path:
 
 
 def render_summary(analysis: Analysis) -> Group:
-    """The key tables as a rich renderable for the CLI: primary-metric cells and all verdicts."""
+    """The key tables as a rich renderable for the CLI: primary-metric cells, references, verdicts."""
     keys = analysis.keys
     cells = Table(title=f"{analysis.sweep}: primary metrics, mean [{1 - analysis.options.alpha:.0%} CI] (n)")
     for column in ("metric", "family", "size", *keys, "mean [CI] (n)"):
@@ -482,10 +482,12 @@ def render_summary(analysis: Analysis) -> Group:
         for _, row in _icl_position(analysis).iterrows():
             cells.add_row("ICL position", row["family"], row["size"], *_key_texts(row, keys),
                           f"{_num(row['position'])}  (0 = unigram, 1 = bigram estimator)")
-    verdicts = Table(title=f"against {analysis.options.baseline} (delta > 0: better)")
+    verdicts = Table(title=f"primary metrics against {analysis.options.baseline} (delta > 0: better; "
+                     f"all metrics in report.md)")
     for column in ("metric", "size", *keys, "family", "delta", "CI", "adjusted p", "verdict", "seeds needed"):
         verdicts.add_column(column)
-    for _, row in analysis.comparisons.iterrows():
+    primary_rows = analysis.comparisons[analysis.comparisons["metric"].isin(analysis.options.primary_metrics)]
+    for _, row in primary_rows.iterrows():
         verdicts.add_row(row["metric"], row["size"], *_key_texts(row, keys), row["family"], _signed(row["diff_mean"]),
                          f"{_signed(row['ci_low'])} to {_signed(row['ci_high'])}",
                          f"{_p(row['p_adj'])} ({CORRECTION_LABELS[row['correction']]})", row["verdict"],

@@ -15,7 +15,8 @@ from rich.table import Table
 from .config import ConfigError
 from .store import FAILED, Store, StoreError
 
-console = Console(highlight=False)
+# Logs (CI, nohup) get a wide fixed width instead of rich's 80 columns, so tables stay readable.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -89,7 +90,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for name in names:
         sweep = store.read_sweep(name)
         table = Table(title=f"sweep {name}", title_justify="left", box=None, header_style="bold")
-        for col in ("run", "id", "status", "attempts", "progress", "error"):
+        for col in ("run", "id", "status", "jobs (status x attempts)", "progress", "error"):
             table.add_column(col)
         counts: Counter = Counter()
         for rid in sweep["run_ids"]:
@@ -101,7 +102,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             except (OSError, ValueError, KeyError, TypeError):
                 label = "?"
             jobs = state.get("jobs", {})
-            attempts = ",".join(f"{j}:{s.get('attempts', 0)}" for j, s in jobs.items()) or "-"
+            attempts = "  ".join(f"{j} {s.get('status')} x{s.get('attempts', 0)}"
+                                 for j, s in jobs.items()) or "-"
             p = store.read_progress(rid) if state["status"] == "running" else {}
             prog = f"{p.get('job')} {p.get('step')}/{p.get('total_steps')}" if p else ""
             table.add_row(label, rid, state["status"], attempts, prog, state.get("error") or "")

@@ -69,13 +69,16 @@ def expand(cli_overrides: list[str], evaluations: frozenset[str]) -> tuple[list[
     return points, default_sweep_name(grid)
 
 
+NOT_IN_NAME = ("store.", "cluster.")  # where a sweep runs and is stored does not name it
+
+
 def default_sweep_name(grid: dict[str, list[str]]) -> str:
-    """A name from everything but the seeds, so `seed=3,4` extends the same sweep.
+    """A name from everything but the seeds (and where it runs), so `seed=3,4` extends the sweep.
 
     Values are sorted, so `family=dense,lidas` and `family=lidas,dense` name the same sweep."""
     parts = []
     for key in sorted(grid):
-        if key.lstrip("+~") == "seed":
+        if key.lstrip("+~") == "seed" or key.lstrip("+~").startswith(NOT_IN_NAME):
             continue
         values = sorted({item.split("=", 1)[1] for item in grid[key]})
         parts.append(f"{key.lstrip('+~')}-{'-'.join(values)}")

@@ -3,6 +3,7 @@
 It reads only the store (state.json and progress.json), the same files `status` reads."""
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 def _eta(seconds: float | None) -> str:
     if seconds is None:
         return "-"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
     m, s = divmod(int(seconds), 60)
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
@@ -51,11 +54,16 @@ def render(runs: list["PlannedRun"], store: Store, outcome: dict[str, str], star
     return Group(header, table) if table.row_count else Group(header)
 
 
-def finished_line(r: "PlannedRun", store: Store) -> str:
+def finished_line(r: "PlannedRun", job: str, store: Store, run_done: bool) -> str:
+    state = store.job_state(r.run_id, job)
+    took = ""
+    if state.get("started_at") and state.get("ended_at"):
+        seconds = (dt.datetime.fromisoformat(state["ended_at"])
+                   - dt.datetime.fromisoformat(state["started_at"])).total_seconds()
+        took = f" in {_eta(seconds)}"
     m = store.read_metrics(r.run_id).get("metrics", {})
-    tvd = f" regbench_tvd {m['regbench_tvd']:.4f}" if "regbench_tvd" in m else ""
-    wall = f" train {m['wall_time_s']:.0f}s" if "wall_time_s" in m else ""
-    return f"[green]done[/] {r.label} {r.run_id}{wall}{tvd}"
+    tvd = f", regbench_tvd {m['regbench_tvd']:.4f}" if run_done and "regbench_tvd" in m else ""
+    return f"[green]done[/] {r.label} {r.run_id} {job}{took}{tvd}"
 
 
 def failed_line(r: "PlannedRun", job: str, store: Store) -> str:

@@ -65,9 +65,13 @@ def resources_text(cfg: dict) -> str:
 
 
 def init_ray(cluster: dict) -> None:
+    import logging
+
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray turns token authentication on for local clusters (good) and says so on every start.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     kwargs: dict[str, Any] = dict(include_dashboard=cluster["include_dashboard"],
                                   dashboard_host=cluster["dashboard_host"],
                                   log_to_driver=False, logging_level="WARNING")
@@ -150,14 +154,16 @@ def _drive(inflight: dict, runs: list[PlannedRun], store: Store, console: Consol
                     r, job = inflight.pop(ref)
                     try:
                         ray.get(ref)
-                        if all(store.job_state(r.run_id, j).get("status") == DONE for j in r.todo):
+                        run_done = all(store.job_state(r.run_id, j).get("status") == DONE for j in r.todo)
+                        if run_done:
                             outcome[r.run_id] = DONE
-                            live.console.print(view.finished_line(r, store))
+                        live.console.print(view.finished_line(r, job, store, run_done))
                     except Exception as e:  # the job failed after its retries
                         outcome[r.run_id] = FAILED
                         _record_crash(store, r, job, e)
                         live.console.print(view.failed_line(r, job, store))
                 live.update(view.render(runs, store, outcome, started))
+        console.print()
     except (KeyboardInterrupt, Interrupted):
         _interrupt(inflight, store, console)
         raise KeyboardInterrupt from None

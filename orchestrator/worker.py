@@ -33,8 +33,10 @@ def _throttled(write: Callable[[dict], None], every_s: float = 0.5) -> Callable[
     return report
 
 
-def execute(job: str, run_id: str, store_root: str, cfg: dict) -> str:
-    """Run `job` of run `run_id` unless it is already done; returns `done` or `cached`."""
+def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str) -> str:
+    """Run `job` of run `run_id` unless it is already done; returns `done` or `cached`.
+
+    `after` are the results of the jobs this one depends on: passing them makes Ray wait."""
     import torch
 
     torch.set_num_threads(resources_of(cfg, job)["cpus"])  # CPU results depend on the thread count
