@@ -174,3 +174,39 @@ def load_items(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame
     items = runs[keys].merge(pd.concat(frames, ignore_index=True), on="run_id", how="inner")
     extra = [c for c in items.columns if c not in keys and c not in ITEM_COLUMNS]
     return items[[*keys, *ITEM_COLUMNS, *extra]]
+
+
+RUN_KEYS = ["run_id", "family", "size", "seed"]
+
+
+def _per_run(store_root: str | Path, sweep: str | None, read) -> pd.DataFrame:
+    """`read(run_dir)` for every finished run, stacked behind the run's key columns; runs for which it
+    returns None (the file is missing) are left out, so older stores without the file still load."""
+    runs = _done(store_root, sweep)
+    root = Path(store_root)
+    frames = {run.run_id: read(root / "runs" / run.run_id) for run in runs.itertuples()}
+    frames = {run_id: frame for run_id, frame in frames.items() if frame is not None}
+    if not frames:
+        return pd.DataFrame(columns=RUN_KEYS)
+    stacked = pd.concat([frame.assign(run_id=run_id) for run_id, frame in frames.items()], ignore_index=True)
+    table = runs[RUN_KEYS].merge(stacked, on="run_id", how="inner")
+    return table[[*RUN_KEYS, *[c for c in stacked.columns if c != "run_id"]]]
+
+
+def load_history(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
+    """The training logs (history.parquet) of the finished runs, one row per run x logged step: run_id,
+    family, size, seed, then the log's columns (step, loss, lr, tokens, flops, n_layers)."""
+    def read(run_dir: Path) -> pd.DataFrame | None:
+        path = run_dir / "history.parquet"
+        return pd.read_parquet(path) if path.is_file() else None
+    return _per_run(store_root, sweep, read)
+
+
+def load_curves(store_root: str | Path, sweep: str | None = None, curve: str = "tvd_by_context") -> pd.DataFrame:
+    """One curve of metrics.json's `curves` for the finished runs, one row per run x point: run_id,
+    family, size, seed, then the curve's columns (for tvd_by_context: n_context_strings, n_positions,
+    regbench_tvd and the ngram*_tvd references). Runs without the curve are left out."""
+    def read(run_dir: Path) -> pd.DataFrame | None:
+        points = _read_json(run_dir / "metrics.json").get("curves", {}).get(curve)
+        return pd.DataFrame(points) if isinstance(points, dict) else None
+    return _per_run(store_root, sweep, read)

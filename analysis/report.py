@@ -1,28 +1,37 @@
-"""A sweep's report: tidy results (results.parquet) and a plain-words summary (report.md).
+"""A sweep's report: tidy results (results.parquet), a plain-words summary (report.md and
+report.html) and its figures (plots/).
 
 Output layout, under <store>/sweeps/<sweep>/:
     results.parquet  one tidy table; column `table` says which of three tables a row belongs to:
                      runs (one row per finished run x metric, plus one row per run that is not done,
                      with status and error), cells (`summarize`) and comparisons (`compare`).
                      Read one back with `read_results(path, "cells")`.
-    report.md        the same numbers in words.
-Both are written atomically (temp file + os.replace). The same store gives the same report byte for
-byte: nothing in it comes from the clock, only from the store.
+    report.md        the same numbers in words: headline, tables, figures, how sure we are.
+    report.html      report.md converted (`render_html`), figures embedded: one self-contained file.
+    plots/           each figure (`analysis.plots`) as <name>.png and <name>.svg.
+Every file is written atomically (temp file + os.replace). The same store gives the same files byte
+for byte: nothing in them comes from the clock, only from the store.
 """
 
 from __future__ import annotations
 
+import base64
+import html
+import itertools
 import os
+import re
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.figure import Figure
 from rich.console import Group
 from rich.table import Table
 
-from analysis.load import KEY_COLUMNS, VALUE_COLUMNS, load, load_runs, load_sweep
+from analysis import plots
+from analysis.load import KEY_COLUMNS, VALUE_COLUMNS, load, load_curves, load_history, load_runs, load_sweep
 from analysis.stats import (BOOT_RELIABLE_N, N_BOOT, SEEDS_MAX, cell_keys, compare, is_reference,
                             p_min_mannwhitney, p_min_signflip, summarize)
 
@@ -42,6 +51,10 @@ DATA_PREFIX = "data."  # cell keys that change the evaluation data, and with it 
 UNIGRAM, BIGRAM = "ngram1_tvd", "ngram2_tvd"
 CORRECTION_LABELS = {"holm": "Holm", "fdr_bh": "BH"}
 TABLES = ("runs", "cells", "comparisons")
+DECIDED = ("better", "worse", "equivalent")
+CONTEXT_CURVE, CONTEXT_X, CONTEXT_COUNT = "tvd_by_context", "n_context_strings", "n_positions"
+CONTEXT_X_LABEL = "strings of the instance's language already in the context"
+FLOPS = "train_flops"
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,8 @@ class Analysis:
     comparisons: pd.DataFrame
     options: AnalysisOptions
     keys: tuple[str, ...]  # the config keys that split cells, beside family and size
+    history: pd.DataFrame  # training logs, for the loss curves (`load_history`)
+    curves: pd.DataFrame  # TVD by number of in-context strings (`load_curves`)
 
 
 def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None = None) -> Analysis:
@@ -80,7 +95,8 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
         cells=summarize(values, 1 - options.alpha, options.n_boot, options.seed, by=keys),
         comparisons=compare(values, options.baseline, options.pairing, options.primary_metrics,
                             options.alpha, options.delta_min, options.seed, by=keys),
-        options=options, keys=tuple(keys))
+        options=options, keys=tuple(keys), history=load_history(store_root, sweep),
+        curves=load_curves(store_root, sweep, CONTEXT_CURVE))
 
 
 def _nullable(table: pd.DataFrame) -> pd.DataFrame:
@@ -164,6 +180,26 @@ def _metrics(analysis: Analysis) -> list[str]:
     return primary + sorted(present - set(primary))
 
 
+def _sorted(analysis: Analysis, table: pd.DataFrame) -> pd.DataFrame:
+    """Rows in report order: metric (as `_metrics`), size, cell keys, family (as `_families`)."""
+    ranks = {"metric": {m: i for i, m in enumerate(_metrics(analysis))},
+             "family": {f: i for i, f in enumerate(_families(analysis))}}
+    order = [c for c in ("metric", "size", *analysis.keys, "family") if c in table.columns]
+    return table.sort_values(order, key=lambda c: c.map(ranks[c.name]) if c.name in ranks else c, kind="stable",
+                             ignore_index=True)
+
+
+def _confirmatory(analysis: Analysis) -> pd.DataFrame:
+    """The comparisons of the Holm family (primary metrics), in report order."""
+    comparisons = analysis.comparisons
+    return _sorted(analysis, comparisons[comparisons["correction"] == "holm"])
+
+
+def _family_size(analysis: Analysis) -> int:
+    """m of Holm: the testable confirmatory comparisons (fewer than 2 seeds cannot be tested)."""
+    return int(_confirmatory(analysis)["p_value"].notna().sum())
+
+
 def _key_texts(row: pd.Series, keys: tuple[str, ...]) -> list[str]:
     """The row's cell-key values as text; "all" for a key the row does not depend on (reference rows)."""
     return [_text(row[k]) if k in row.index else "all" for k in keys]
@@ -234,16 +270,16 @@ def _no_icl(analysis: Analysis) -> set[tuple[str, str]]:
 # ---- sections ---------------------------------------------------------------------------------
 
 def _header(analysis: Analysis) -> list[str]:
-    o, spec, comparisons = analysis.options, analysis.spec, analysis.comparisons
+    o, spec = analysis.options, analysis.spec
     status = analysis.runs["status"].value_counts()
     other = int(status.drop(["done", "failed"], errors="ignore").sum())
     model_cells = analysis.cells[~analysis.cells["metric"].map(is_reference).astype(bool)]
     n_seeds = sorted(set(model_cells["n_seeds"]))
     seeds = "–" if not n_seeds else str(n_seeds[0]) if len(n_seeds) == 1 else f"{n_seeds[0]} to {n_seeds[-1]}"
-    m = int((comparisons["p_value"].notna() & (comparisons["correction"] == "holm")).sum())
+    m = _family_size(analysis)
     overrides = " ".join(f"`{x}`" for x in spec.get("overrides", [])) or "none"
     return [
-        f"# Sweep `{analysis.sweep}`: results",
+        "## Setup",
         "",
         f"- Sweep created: {spec.get('created_at', 'unknown')}; overrides: {overrides}",
         f"- Runs: {status.get('done', 0)} done, {status.get('failed', 0)} failed, {other} not finished"
@@ -330,12 +366,12 @@ def _plan_text(row: pd.Series) -> str:
     gap = f"a {row['delta_min']:g} gap"
     pooled = "; seed noise pooled over sizes" if row["sigma_pooled"] else ""
     if row["seeds_unresolvable"]:
-        return f": > {SEEDS_MAX} seeds would be needed for 80% power at {gap}: not resolvable by seeds alone{pooled}"
+        return f"> {SEEDS_MAX} seeds would be needed for 80% power at {gap}: not resolvable by seeds alone{pooled}"
     conservative = f"{_seeds_text(row['seeds_needed_conservative'])} seeds if the seed noise is at its 80% upper bound"
     if row["seeds_more"] == 0:
-        return (f": {_have(row)} seeds would already give 80% power for {gap} at the observed seed noise"
+        return (f"{_have(row)} seeds would already give 80% power for {gap} at the observed seed noise"
                 f" ({conservative}{pooled})")
-    return f": about {row['seeds_more']} more seeds give 80% power for {gap} ({conservative}{pooled})"
+    return f"about {row['seeds_more']} more seeds give 80% power for {gap} ({conservative}{pooled})"
 
 
 def _verdict_text(row: pd.Series, alpha: float) -> str:
@@ -345,16 +381,48 @@ def _verdict_text(row: pd.Series, alpha: float) -> str:
     if row["verdict"] == "equivalent":
         return f"equivalent: the {1 - 2 * alpha:.0%} CI lies inside +-{row['delta_min']:g}"
     untestable = ", fewer than 2 seeds to test" if row["single_seed"] else ""
-    return f"inconclusive{untestable}{_plan_text(row)}"
+    plan = _plan_text(row)
+    return f"{row['verdict']}{untestable}" + (f": {plan}" if plan else "")
+
+
+def _sign(row: pd.Series) -> int:
+    return 1 if row["higher_is_better"] else -1
+
+
+def _raw_interval(row: pd.Series, low: str = "ci_low", high: str = "ci_high") -> tuple[float, float]:
+    """An interval of delta (> 0 = better) turned back into the metric's own units, candidate minus
+    baseline, as readers compare it with the tables."""
+    return tuple(sorted([_sign(row) * row[low], _sign(row) * row[high]]))
+
+
+def _interval_text(bounds: tuple[float, float]) -> str:
+    return f"[{_signed(bounds[0])}, {_signed(bounds[1])}]"
+
+
+def _difference(row: pd.Series) -> str:
+    """Candidate minus baseline with its CI, as in "-0.007207 [-0.0339, +0.01949]"."""
+    return f"{_signed(_sign(row) * row['diff_mean'])} {_interval_text(_raw_interval(row))}"
+
+
+def _has(table: pd.DataFrame, column: str) -> bool:
+    """Whether `table` has `column` with a value: columns another analysis step may not add yet."""
+    return column in table.columns and bool(table[column].notna().any())
+
+
+def _seeds(row: pd.Series) -> str:
+    if row["pairing"] == "paired":
+        return f"{row['n_pairs']} seed{'' if row['n_pairs'] == 1 else 's'}"
+    return f"{row['n_candidate']} vs {row['n_baseline']} seeds"
 
 
 def _sentence(row: pd.Series, analysis: Analysis, no_icl: set[tuple[str, str]]) -> str:
     """One comparison in words, with the difference in the metric's own direction."""
-    sign = 1 if row["higher_is_better"] else -1
-    low, high = sorted([sign * row["ci_low"], sign * row["ci_high"]])
-    word = "better" if row["diff_mean"] > 0 else "worse" if row["diff_mean"] < 0 else "no different"
+    sign = _sign(row)
+    low, high = _raw_interval(row)
+    word = ("on average better" if row["diff_mean"] > 0 else "on average worse" if row["diff_mean"] < 0
+            else "no different on average")
     paired = row["pairing"] == "paired"
-    seeds = f"{row['n_pairs']} seeds" if paired else f"{row['n_candidate']} vs {row['n_baseline']} seeds"
+    seeds = _seeds(row)
     if row["seeds_dropped"]:
         seeds += f"; seeds {row['seeds_dropped']} dropped for lack of a partner"
     rank_name, rank_p = ("sign-flip", row["signflip_p"]) if paired else ("Mann-Whitney", row["mannwhitney_p"])
@@ -376,18 +444,246 @@ def _sentence(row: pd.Series, analysis: Analysis, no_icl: set[tuple[str, str]]) 
     return text
 
 
+def _seeds_needed_text(n: object) -> str:
+    return "–" if pd.isna(n) else _seeds_text(n)
+
+
+def _comparison_table(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
+    """One metric's comparisons, differences in the metric's own units (candidate - baseline)."""
+    hierarchical = _has(rows, "hb_low")
+    header = ["family", "size", *analysis.keys, f"difference [{rows['ci_level'].iloc[0]:.0%} CI]",
+              *(["hierarchical CI"] if hierarchical else []), "seeds", "p", "adjusted p", "seeds better",
+              "verdict", "seeds for 80% power"]
+    table = [[row["family"], row["size"], *_key_texts(row, analysis.keys), _difference(row),
+              *([_interval_text(_raw_interval(row, "hb_low", "hb_high"))] if hierarchical else []),
+              _seeds(row), _p(row["p_value"]), f"{_p(row['p_adj'])} ({CORRECTION_LABELS[row['correction']]})",
+              f"{row['seed_wins']}/{row['n_pairs']}" if row["n_pairs"] else "–", row["verdict"],
+              _seeds_needed_text(row["seeds_needed"])]
+             for _, row in rows.iterrows()]
+    return _md_table(header, table)
+
+
 def _comparison_section(analysis: Analysis) -> list[str]:
     comparisons = analysis.comparisons
     lines = [f"## Comparisons against {analysis.options.baseline}", ""]
     if comparisons.empty:
         return lines + ["No comparisons: the baseline or a second family has no finished runs."]
     no_icl = _no_icl(analysis)
-    for metric in [m for m in _metrics(analysis) if m in set(comparisons["metric"])]:
-        rows = comparisons[comparisons["metric"] == metric].sort_values(["size", *analysis.keys, "family"])
+    for metric, rows in _sorted(analysis, comparisons).groupby("metric", sort=False):
         kind = "confirmatory, Holm" if rows["correction"].iloc[0] == "holm" else "exploratory, Benjamini-Hochberg"
-        lines += [f"### {_label(metric)} ({kind})", ""]
+        lines += [f"### {_label(metric)} ({kind})", "", *_comparison_table(analysis, rows), ""]
         lines += [f"- {_sentence(row, analysis, no_icl)}" for _, row in rows.iterrows()] + [""]
     return lines
+
+
+def _headline(row: pd.Series, analysis: Analysis) -> str:
+    """One confirmatory comparison as a claim, or as the reason it is not one yet."""
+    what = f"{_label(row['metric'])} at {_where(row, analysis.keys)}"
+    numbers = f"{_difference(row)}, {_seeds(row)}, Holm p = {_p(row['p_adj'])}"
+    family, baseline = row["family"], row["baseline"]
+    if row["verdict"] == "better":
+        return f"{family} beats {baseline} on {what}: {numbers}."
+    if row["verdict"] == "worse":
+        return f"{family} is worse than {baseline} on {what}: {numbers}."
+    if row["verdict"] == "equivalent":
+        return f"{family} matches {baseline} within +-{row['delta_min']:g} on {what}: {numbers}."
+    if row["single_seed"]:
+        return f"No test possible: {family} vs {baseline} on {what} has {_seeds(row)}; a test needs 2."
+    opening = "Stopped for futility" if row["verdict"] == "futile" else "No decision yet"
+    plan = _plan_text(row)
+    return f"{opening}: {family} vs {baseline} on {what}, {numbers}" + (f"; {plan}" if plan else "") + "."
+
+
+def _headline_section(analysis: Analysis) -> list[str]:
+    rows = _confirmatory(analysis)
+    lines = ["## Headline", ""]
+    if rows.empty:
+        return lines + ["No confirmatory comparison: the baseline or a second family has no finished runs"
+                        f" of {', '.join(analysis.options.primary_metrics)}."]
+    return lines + [f"- {_headline(row, analysis)}" for _, row in rows.iterrows()]
+
+
+# ---- figures ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure of the report: its file stem under plots/, heading and legend in words, and the
+    figure, or None with the reason it was not drawn."""
+    name: str
+    title: str
+    caption: str
+    figure: Figure | None
+    missing: str = ""
+
+
+def _grouped(analysis: Analysis, table: pd.DataFrame) -> pd.DataFrame:
+    """`table` in report order with the `group` column the plots split on (size and cell keys)."""
+    table = _sorted(analysis, table)
+    return table.assign(group=[_where(row, analysis.keys) for _, row in table.iterrows()])
+
+
+def _keyed(analysis: Analysis, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per-run rows (history, curves) with the run's cell-key values, from the loaded runs."""
+    keys = analysis.values[["run_id", *analysis.keys]].drop_duplicates("run_id")
+    return _grouped(analysis, runs.merge(keys, on="run_id", how="inner"))
+
+
+def _primary(analysis: Analysis, table: pd.DataFrame) -> pd.DataFrame:
+    return table[table["metric"].isin(analysis.options.primary_metrics)].assign(
+        label=lambda t: t["metric"].map(_label))
+
+
+def _seed_plot(analysis: Analysis, metric: str) -> Plot:
+    """Per-seed dots of one metric, with the in-context estimators as reference lines under TVD."""
+    values = _grouped(analysis, analysis.values[analysis.values["metric"] == metric])
+    cells = _grouped(analysis, analysis.cells[analysis.cells["metric"] == metric])
+    references = pd.DataFrame(columns=["group", "name", "value"])
+    if metric == REFERENCE_TARGET:
+        groups = cells[["group", "size", *analysis.keys]].drop_duplicates("group")
+        refs = _references(analysis).assign(name=lambda r: r["metric"].map(REFERENCE_ROWS), value=lambda r: r["mean"])
+        references = groups.merge(refs, on=["size", *_data_keys(analysis)])[["group", "name", "value"]]
+    level = f"{1 - analysis.options.alpha:.0%}"
+    return Plot(f"seeds_{metric}", f"{_label(metric)}: every seed",
+                f"One dot per seed; grey lines join the same seed across families (the pairing); black: mean"
+                f" and {level} t-interval over seeds"
+                + ("; horizontal lines: the in-context n-gram estimators." if metric == REFERENCE_TARGET else "."),
+                plots.seed_dots(values, cells, references, _families(analysis), _label(metric)),
+                f"no finished run has {metric}")
+
+
+def _plots(analysis: Analysis) -> list[Plot]:
+    """The report's figures, in report order."""
+    o, families = analysis.options, _families(analysis)
+    level = f"{1 - o.alpha:.0%}"
+    comparisons = _grouped(analysis, _primary(analysis, analysis.comparisons))
+    hierarchical = "; thin whisker: hierarchical bootstrap interval (seeds and items)" if _has(comparisons, "hb_low") else ""
+    cells = _primary(analysis, analysis.cells)
+    flops = analysis.cells.loc[analysis.cells["metric"] == FLOPS, ["family", "size", *analysis.keys, "mean",
+                                                                    "ci_low", "ci_high"]]
+    points = _grouped(analysis, cells.merge(
+        flops.rename(columns={"mean": "flops", "ci_low": "flops_low", "ci_high": "flops_high"}),
+        on=["family", "size", *analysis.keys]))
+    return [
+        Plot("forest", f"Differences against {o.baseline}",
+             f"Per family and size, the mean paired difference (> 0 = better than {o.baseline}; for"
+             f" lower-is-better metrics the sign is flipped) with its {level} t-interval (thick){hierarchical};"
+             " filled marker: decisive after Holm; dashed line: no difference; grey band: +-delta_min.",
+             plots.forest(comparisons, families, o.baseline), "no comparison of a primary metric"),
+        *[_seed_plot(analysis, metric) for metric in o.primary_metrics],
+        Plot("loss", "Training loss",
+             f"Mean over seeds, band: {plots.BAND}; left against step, right against cumulative training"
+             " FLOPs; triangles: steps where lidas grew deeper. The first steps are cut off at the top.",
+             plots.loss_curves(_keyed(analysis, analysis.history), families),
+             "no finished run has a history.parquet"),
+        Plot("score_vs_flops", "Final score against training FLOPs",
+             f"Per family and size, the mean of each primary metric against mean {FLOPS}, bars: {level}"
+             " t-intervals over seeds (none along FLOPs when every seed used the same compute); families"
+             " are moved a few pixels sideways so equal-compute points stay visible.",
+             plots.score_vs_flops(points, families), f"no finished run has {FLOPS}"),
+        Plot(CONTEXT_CURVE, f"{_label(REFERENCE_TARGET)} by number of in-context strings",
+             f"Per family, mean over seeds with band: {plots.BAND}; dashed and dotted: the in-context n-gram"
+             " estimators on the same positions; below: positions evaluated per point (few at the right end,"
+             " which is therefore noisy).",
+             plots.context_curves(_keyed(analysis, analysis.curves), families, CONTEXT_X, REFERENCE_TARGET,
+                                  REFERENCE_ROWS, _label(REFERENCE_TARGET), CONTEXT_X_LABEL, CONTEXT_COUNT),
+             f"no finished run has curves.{CONTEXT_CURVE} in its metrics.json"),
+    ]
+
+
+def _figures_section(figures: list[Plot]) -> list[str]:
+    lines = ["## Figures", "", "Each figure is also in plots/ as SVG."]
+    for plot in figures:
+        lines += ["", f"### {plot.title}", ""]
+        lines += ([f"![{plot.title}](plots/{plot.name}.png)", "", plot.caption] if plot.figure
+                  else [f"Not drawn: {plot.missing}."])
+    return lines
+
+
+# ---- how sure are we --------------------------------------------------------------------------
+
+def _rank_test_seeds(m: int, alpha: float, paired: bool) -> int:
+    """Fewest seeds (per family when unpaired) with which the exact rank test could reach alpha after
+    Holm over m comparisons; SEEDS_MAX + 1 when not within SEEDS_MAX."""
+    floor = p_min_signflip if paired else lambda n: p_min_mannwhitney(n, n)
+    return next((n for n in range(2, SEEDS_MAX + 1) if m * floor(n) < alpha), SEEDS_MAX + 1)
+
+
+def _single_seed_lines(analysis: Analysis) -> list[str]:
+    cells = analysis.cells[~analysis.cells["metric"].map(is_reference).astype(bool)]
+    single = _sorted(analysis, cells[cells["single_seed"].astype(bool)])
+    names = list(dict.fromkeys(f"{row['family']} at {_where(row, analysis.keys)}" for _, row in single.iterrows()))
+    if not names:
+        return ["- **Single-seed cells:** none; every model cell has at least 2 seeds."]
+    return [f"- **Single-seed cells** (no interval, no test, marked 'single seed' in the tables): {'; '.join(names)}."]
+
+
+def _floor_lines(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
+    """The smallest p the exact rank test can give with the seeds at hand, before and after Holm."""
+    testable = rows[rows["p_value"].notna()]
+    if testable.empty:
+        return []
+    o, m = analysis.options, _family_size(analysis)
+    paired = o.pairing == "paired"
+    test, rule = ("sign-flip", "2 / 2^n") if paired else ("Mann-Whitney", "2 / C(n_x + n_y, n_x)")
+    floors = testable.assign(have=testable.apply(_have, axis=1)).groupby("have")["p_min_attainable"].first()
+    texts = "; ".join(f"{p:.3g} with {n} seeds, {min(1.0, m * p):.3g} after Holm over m = {m}"
+                      for n, p in floors.items())
+    needed = _seeds_text(_rank_test_seeds(m, o.alpha, paired))
+    return [f"- **Smallest attainable p.** The exact {test} test cannot give p below {rule}: {texts}."
+            f" It can reach alpha = {o.alpha:g} after Holm only from {needed} seeds"
+            f"{' per family' if not paired else ''}. The {'paired' if paired else 'Welch'} t-test behind the"
+            " verdicts has no such floor: it uses the sizes of the differences, not only their signs."]
+
+
+def _family_lines(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
+    o, m = analysis.options, _family_size(analysis)
+    others = analysis.comparisons[analysis.comparisons["correction"] != "holm"]
+    parts = [f"metrics {', '.join(sorted(set(rows['metric'])))}",
+             f"{', '.join(sorted(set(rows['family'])))} against {o.baseline}",
+             f"sizes {', '.join(sorted(set(rows['size'])))}",
+             *(f"{k} values {', '.join(sorted({_text(v) for v in rows[k]}))}" for k in analysis.keys)]
+    exploratory = (f" The other {len(others)} comparisons ({', '.join(sorted(set(others['metric'])))}) are"
+                   " exploratory: Benjamini-Hochberg adjusted, not claims." if len(others) else "")
+    return [f"- **Multiple-comparison family.** Holm over m = {m} confirmatory comparisons: {'; '.join(parts)}"
+            f" (comparisons with fewer than 2 seeds cannot be tested and do not count).{exploratory}"]
+
+
+def _undecided_lines(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
+    """Seeds needed for each confirmatory comparison without a verdict: planning figures only."""
+    undecided = rows[~rows["verdict"].isin(DECIDED)]
+    if undecided.empty:
+        return ["- **Seeds needed:** none; every confirmatory comparison has a verdict."]
+    table = [[f"{row['family']} vs {row['baseline']}, {_label(row['metric'])}, {_where(row, analysis.keys)}",
+              str(_have(row)), f"{row['delta_min']:g}", _seeds_needed_text(row["seeds_needed"]),
+              _seeds_needed_text(row["seeds_needed_conservative"]), _seeds_needed_text(row["seeds_needed_observed"])]
+             for _, row in undecided.iterrows()]
+    return ["- **Seeds needed** for 80% power, per undecided confirmatory comparison (planning estimates, not"
+            " evidence):", "",
+            *_md_table(["comparison", "seeds now", "gap (delta_min)", "seeds at the observed noise",
+                        "seeds if the noise is at its 80% upper bound", "seeds for the observed gap"], table)]
+
+
+def _item_noise_lines(analysis: Analysis) -> list[str]:
+    """Evaluation noise (standard error over items) against seed noise, when the cells carry it."""
+    cells = _sorted(analysis, _primary(analysis, analysis.cells))
+    if not (_has(cells, "item_se") and _has(cells, "n_items")):
+        return []
+    table = [[row["family"], _label(row["metric"]), _where(row, analysis.keys), _text(row["n_items"]),
+              _num(row["item_se"]), _num(row["std"])] for _, row in cells.iterrows()]
+    return ["", "Evaluation noise against seed noise: where the item standard error is well below the seed"
+            " std, more seeds, not more evaluation items, narrow the intervals.", "",
+            *_md_table(["family", "metric", "where", "items", "item SE", "seed std"], table)]
+
+
+def _how_sure(analysis: Analysis) -> list[str]:
+    rows = _confirmatory(analysis)
+    lines = ["## How sure are we", "", *_single_seed_lines(analysis)]
+    if not rows.empty:
+        lines += [*_floor_lines(analysis, rows), *_family_lines(analysis, rows), *_undecided_lines(analysis, rows)]
+    if _has(analysis.comparisons, "hb_low"):
+        lines += ["- **Hierarchical interval.** The hierarchical CI resamples seeds and evaluation items together;"
+                  " where it is much wider than the t-interval, the evaluation set is too small to ignore."]
+    return lines + _item_noise_lines(analysis)
 
 
 def _failed_section(analysis: Analysis) -> list[str]:
@@ -430,13 +726,80 @@ def _how_to_read(analysis: Analysis) -> list[str]:
     ]
 
 
-def render_markdown(analysis: Analysis) -> str:
-    """report.md's text. Deterministic: built only from the analysis, sorted throughout."""
-    lines = [*_header(analysis), "", "## Results per metric", ""]
+def render_markdown(analysis: Analysis, figures: list[Plot] | None = None) -> str:
+    """report.md's text: headline, setup, tables, figures (drawn here unless given), how sure we are,
+    failed runs, how to read it. Deterministic: built only from the analysis, sorted throughout."""
+    figures = _plots(analysis) if figures is None else figures
+    lines = [f"# Sweep `{analysis.sweep}`: results", "", *_headline_section(analysis), "", *_header(analysis),
+             "", "## Results per metric", ""]
     for metric in _metrics(analysis):
         lines += [*_metric_section(analysis, metric), ""]
-    lines += [*_comparison_section(analysis), *_failed_section(analysis), "", *_how_to_read(analysis)]
+    lines += [*_comparison_section(analysis), *_figures_section(figures), "", *_how_sure(analysis), "",
+              *_failed_section(analysis), "", *_how_to_read(analysis)]
     return "\n".join(lines) + "\n"
+
+
+# ---- html -------------------------------------------------------------------------------------
+# report.html is report.md converted, so the two cannot drift apart. The converter knows exactly the
+# markdown emitted above: #-headings, "- " lists, "| " tables, "> " quotes, paragraphs, and inline
+# `code`, **bold**, *italic* and ![alt](src) images (embedded from `images`).
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;line-height:1.45;color:#222}
+table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}
+th{background:#f2f2f2}code{background:#f4f4f4;padding:0 .2rem}blockquote{border-left:4px solid #c33;margin:.5rem 0;padding:.1rem .8rem;background:#fff5f5}
+img{max-width:100%;height:auto}h1,h2{border-bottom:1px solid #ddd}"""
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)]+)\)")
+_BOLD, _ITALIC = re.compile(r"\*\*(.+?)\*\*"), re.compile(r"\*(.+?)\*")
+_CELL_SPLIT = re.compile(r"(?<!\\)\|")
+
+
+def _inline(text: str, images: Mapping[str, bytes]) -> str:
+    """Inline markdown as HTML; text between backticks is code, left as written."""
+    def image(match: re.Match) -> str:
+        if match[2] not in images:
+            raise ValueError(f"report.html would reference {match[2]!r}, which is not embedded")
+        return f'<img alt="{match[1]}" src="data:image/png;base64,{base64.b64encode(images[match[2]]).decode()}">'
+    parts = html.escape(text).split("`")
+    for i in range(0, len(parts), 2):
+        parts[i] = _ITALIC.sub(r"<em>\1</em>", _BOLD.sub(r"<strong>\1</strong>", _IMAGE.sub(image, parts[i])))
+    for i in range(1, len(parts), 2):
+        parts[i] = f"<code>{parts[i]}</code>"
+    return "".join(parts)
+
+
+def _kind(line: str) -> str:
+    if not line.strip():
+        return "blank"
+    return next((kind for prefix, kind in (("#", "heading"), ("- ", "list"), ("|", "table"), ("> ", "quote"))
+                 if line.startswith(prefix)), "paragraph")
+
+
+def _html_block(kind: str, lines: list[str], images: Mapping[str, bytes]) -> str:
+    inline = lambda text: _inline(text, images)  # noqa: E731
+    if kind == "heading":
+        return "\n".join(f"<h{len(l) - len(l.lstrip('#'))}>{inline(l.lstrip('#').strip())}"
+                         f"</h{len(l) - len(l.lstrip('#'))}>" for l in lines)
+    if kind == "list":
+        return "<ul>\n" + "\n".join(f"<li>{inline(l[2:])}</li>" for l in lines) + "\n</ul>"
+    if kind == "quote":
+        return f"<blockquote><p>{' '.join(inline(l[2:]) for l in lines)}</p></blockquote>"
+    if kind == "table":
+        rows = [[inline(c.strip().replace("\\|", "|")) for c in _CELL_SPLIT.split(l.strip()[1:-1])] for l in lines]
+        head = "".join(f"<th>{c}</th>" for c in rows[0])
+        body = "\n".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows[2:])
+        return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
+    return f"<p>{' '.join(inline(l) for l in lines)}</p>"
+
+
+def render_html(markdown: str, images: Mapping[str, bytes]) -> str:
+    """report.html: `markdown` (report.md) as one self-contained page, the images it links to (path
+    -> PNG bytes) embedded as data URIs, styled inline: no file or network reference is left."""
+    lines = markdown.splitlines()
+    blocks = [(kind, list(group)) for kind, group in itertools.groupby(lines, _kind) if kind != "blank"]
+    title = html.escape(next((l.lstrip("#").strip() for l in lines if l.startswith("# ")), "report").replace("`", ""))
+    body = "\n".join(_html_block(kind, block, images) for kind, block in blocks)
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{title}</title>\n'
+            f"<style>\n{STYLE}\n</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -451,18 +814,37 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def _save_plots(figures: list[Plot], directory: Path) -> dict[str, bytes]:
+    """Write each drawn figure as PNG and SVG and remove the files of figures no longer drawn, so no
+    stale figure outlives its data; returns the PNGs by their path relative to the report."""
+    files = {f"{plot.name}.{fmt}": plots.render(plot.figure, fmt)
+             for plot in figures if plot.figure is not None for fmt in ("png", "svg")}
+    directory.mkdir(exist_ok=True)
+    for path in directory.iterdir():
+        if path.suffix in (".png", ".svg") and path.name not in files:
+            path.unlink()
+    for name, data in files.items():
+        _write_atomic(directory / name, data)
+    return {f"{directory.name}/{name}": data for name, data in files.items() if name.endswith(".png")}
+
+
 def write_report(store_root: str | Path, sweep: str, options: AnalysisOptions | None = None) -> Path:
-    """Analyse a sweep and write results.parquet and report.md next to its sweep.yaml; returns the
-    report's path."""
+    """Analyse a sweep and write results.parquet, report.md, report.html and plots/ next to its
+    sweep.yaml; returns report.md's path."""
     return save_report(analyse(store_root, sweep, options), store_root)
 
 
 def save_report(analysis: Analysis, store_root: str | Path) -> Path:
-    """Write an analysis computed earlier (the CLI also prints it) as results.parquet and report.md."""
+    """Write an analysis computed earlier (the CLI also prints it): results.parquet, plots/, report.md
+    and report.html; returns report.md's path."""
     directory = Path(store_root) / "sweeps" / analysis.sweep
     _write_atomic(directory / "results.parquet", results_table(analysis).to_parquet(index=False))
+    figures = _plots(analysis)
+    images = _save_plots(figures, directory / "plots")
+    markdown = render_markdown(analysis, figures)
     report = directory / "report.md"
-    _write_atomic(report, render_markdown(analysis).encode())
+    _write_atomic(report, markdown.encode())
+    _write_atomic(directory / "report.html", render_html(markdown, images).encode())
     return report
 
 

@@ -149,7 +149,8 @@ def _drive(inflight: dict, runs: list[PlannedRun], store: Store, console: Consol
         with Live(view.render(runs, store, outcome, started), console=console,
                   refresh_per_second=2, transient=False) as live:
             while inflight:
-                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)
+                # Everything that finishes within half a second, then one refresh of the view.
+                ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0.5)
                 for ref in ready:
                     r, job = inflight.pop(ref)
                     try:
