@@ -15,12 +15,13 @@ import itertools
 from collections.abc import Mapping, Sequence
 
 import matplotlib
-from matplotlib import transforms
 import numpy as np
 import pandas as pd
+from matplotlib import transforms
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 STYLE = {
     "font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9,
@@ -28,13 +29,13 @@ STYLE = {
     "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.6, "figure.dpi": 100, "savefig.dpi": 150,
     "svg.hashsalt": "analysis.plots", "svg.fonttype": "path",
 }
-# Without these the files carry the time they were written.
+# Fixed metadata: SVG would otherwise carry the time it was written, both the matplotlib version.
 METADATA = {"png": {"Software": "matplotlib"}, "svg": {"Date": None, "Creator": "matplotlib"}}
 BAND = "min-max over seeds"
 REFERENCE_STYLES = (":", "--", "-.")  # in-context unigram, bigram, trigram
 GROUP_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 DODGE_POINTS = 7  # families drawn this far apart sideways, so equal-compute points do not hide each other
-styled = matplotlib.rc_context(STYLE)
+_styled = matplotlib.rc_context(STYLE)  # as a decorator: each drawing under STYLE
 
 
 def render(figure: Figure, fmt: str) -> bytes:
@@ -58,12 +59,6 @@ def _present(families: Sequence[str], frame: pd.DataFrame) -> list[str]:
     return [f for f in families if f in set(frame["family"])]
 
 
-def _panels(n: int, width: float, height: float, columns: int = 1, sharey: bool = False) -> tuple[Figure, np.ndarray]:
-    """A figure with one row of panels per group (n rows) and `columns` panels per row."""
-    figure = Figure(figsize=(width * columns, height * n), layout="constrained")
-    return figure, figure.subplots(n, columns, squeeze=False, sharey=sharey)
-
-
 def _spread(frame: pd.DataFrame, x: str, value: str) -> pd.DataFrame:
     """Per x: mean, min and max of `value` over the runs (seeds) that have it."""
     return frame.groupby(x)[value].agg(["mean", "min", "max"]).reset_index()
@@ -83,7 +78,7 @@ def _whiskers(ax, x, low, high, y, y_low, y_high, colour: str, transform) -> Non
 
 # ---- forest plot -------------------------------------------------------------------------------
 
-@styled
+@_styled
 def forest(comparisons: pd.DataFrame, families: Sequence[str], baseline: str) -> Figure | None:
     """One panel per metric (`label`), one row per family x group: diff_mean (> 0 = better) with its
     t-interval, the hierarchical interval (hb_low..hb_high) as a thinner whisker below it when
@@ -147,7 +142,7 @@ def _reference_lines(ax, references: pd.DataFrame) -> None:
                     annotation_clip=False)
 
 
-@styled
+@_styled
 def seed_dots(values: pd.DataFrame, cells: pd.DataFrame, references: pd.DataFrame, families: Sequence[str],
               label: str) -> Figure | None:
     """One panel per group, x = family: a dot per seed, the same seed joined across families (the
@@ -197,37 +192,41 @@ def _growth(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.loc[grew, ["step", "n_layers"]].drop_duplicates()
 
 
-@styled
+LOSS_AXES = {"step": "step", "flops": "training FLOPs (cumulative)"}  # history column -> x-axis label
+
+
+@_styled
 def loss_curves(history: pd.DataFrame, families: Sequence[str]) -> Figure | None:
-    """Per group, training loss per family against step (left) and cumulative training FLOPs (right):
+    """Per group, training loss per family against step and, when logged, cumulative training FLOPs:
     mean over seeds with a min-max band; triangles mark the steps where a run grew deeper."""
-    if history.empty:
+    if history.empty or "loss" not in history.columns:
         return None
     colours = _colours(families)
     groups = _groups(history)
-    figure, axes = _panels(len(groups), 4.8, 3.3, columns=2, sharey=True)
-    for (by_step, by_flops), group in zip(axes, groups):
+    x_axes = {column: label for column, label in LOSS_AXES.items() if column in history.columns}
+    figure = Figure(figsize=(4.8 * len(x_axes), 3.3 * len(groups)), layout="constrained")
+    axes = figure.subplots(len(groups), len(x_axes), squeeze=False, sharey=True)
+    for row, group in zip(axes, groups):
         frame = history[history["group"] == group]
         for family in _present(families, frame):
             runs = frame[frame["family"] == family]
             loss = _spread(runs, "step", "loss")
-            flops = runs.groupby("step")["flops"].mean().reindex(loss["step"]).to_numpy()
-            _band(by_step, loss["step"].to_numpy(), loss, colours[family], family)
-            _band(by_flops, flops, loss, colours[family], family)
-            if "n_layers" not in runs.columns:
-                continue
-            for grow in _growth(runs).itertuples():
-                at = loss.index[loss["step"] == grow.step][0]
-                for ax, x in ((by_step, grow.step), (by_flops, flops[at])):
-                    ax.plot(x, loss["mean"].iloc[at], marker="^", markersize=8, color=colours[family],
-                            markeredgecolor="black", markeredgewidth=0.6, linestyle="", zorder=4)
-                    ax.annotate(f"{grow.n_layers} layers", (x, loss["mean"].iloc[at]), xytext=(0, 9),
-                                textcoords="offset points", ha="center", fontsize=7, color=colours[family],
+            grown = _growth(runs) if "n_layers" in runs.columns else pd.DataFrame(columns=["step", "n_layers"])
+            for ax, column in zip(row, x_axes):
+                x = runs.groupby("step")[column].mean().reindex(loss["step"]).to_numpy()
+                _band(ax, x, loss, colours[family], family)
+                for grow in grown.itertuples():
+                    at = loss.index[loss["step"] == grow.step][0]
+                    point = (x[at], loss["mean"].iloc[at])
+                    ax.plot(*point, marker="^", markersize=8, color=colours[family], markeredgecolor="black",
+                            markeredgewidth=0.6, linestyle="", zorder=4)
+                    ax.annotate(f"{grow.n_layers} layers", point, xytext=(0, 9), textcoords="offset points",
+                                ha="center", fontsize=7, color=colours[family],
                                 bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none"})
-        top = _zoom_top(frame)
-        by_step.set_ylim(top=top)
-        by_step.set(title=f"{group}: against step", xlabel="step", ylabel="training loss (per batch)")
-        by_flops.set(title=f"{group}: against training FLOPs", xlabel="training FLOPs (cumulative)")
+        row[0].set_ylim(top=_zoom_top(frame))
+        row[0].set_ylabel("training loss (per batch)")
+        for ax, label in zip(row, x_axes.values()):
+            ax.set(title=f"{group}: against {label.split(' (')[0]}", xlabel=label)
     handles = [Line2D([], [], color=colours[f], linewidth=1.6, label=f) for f in _present(families, history)]
     handles += [Patch(color="0.5", alpha=0.25, label=f"band: {BAND}"),
                 Line2D([], [], marker="^", color="0.5", markeredgecolor="black", linestyle="",
@@ -243,7 +242,7 @@ def _zoom_top(frame: pd.DataFrame) -> float:
     return float(late["loss"].max()) * 1.02
 
 
-@styled
+@_styled
 def context_curves(curves: pd.DataFrame, families: Sequence[str], x: str, model: str,
                    references: Mapping[str, str], label: str, x_label: str, count: str) -> Figure | None:
     """Per group, `model` against `x` per family (mean over seeds, min-max band) and each reference
@@ -275,6 +274,7 @@ def context_curves(curves: pd.DataFrame, families: Sequence[str], x: str, model:
             axes[2 * i + 1].bar(positions.index, positions.to_numpy(), color="0.75", width=0.7)
             axes[2 * i + 1].set_ylabel("positions", fontsize=8)
     axes[-1].set_xlabel(x_label)
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     figure.legend(handles=axes[0].get_legend_handles_labels()[0], loc="outside right upper")
     return figure
 
@@ -291,7 +291,7 @@ def _fit_limits(ax, points: pd.DataFrame) -> None:
     ax.autoscale_view()
 
 
-@styled
+@_styled
 def score_vs_flops(points: pd.DataFrame, families: Sequence[str]) -> Figure | None:
     """One panel per metric (`label`): per family and group, the mean score (t-interval) against mean
     train_flops (t-interval, zero width when every seed used the same compute); marker = group."""
@@ -301,7 +301,7 @@ def score_vs_flops(points: pd.DataFrame, families: Sequence[str]) -> Figure | No
     groups = _groups(points)
     markers = {group: GROUP_MARKERS[i % len(GROUP_MARKERS)] for i, group in enumerate(groups)}
     labels = list(dict.fromkeys(points["label"]))
-    figure = Figure(figsize=(4.8 * len(labels), 3.8), layout="constrained")
+    figure = Figure(figsize=(max(6.4, 4.8 * len(labels)), 4.2), layout="constrained")
     axes = figure.subplots(1, len(labels), squeeze=False)[0]
     dodge = {family: (i - (len(families) - 1) / 2) * DODGE_POINTS for i, family in enumerate(families)}
     for ax, label in zip(axes, labels):
@@ -311,8 +311,6 @@ def score_vs_flops(points: pd.DataFrame, families: Sequence[str]) -> Figure | No
             _whiskers(ax, p.flops, p.flops_low, p.flops_high, p.mean, p.ci_low, p.ci_high, colour, shifted)
             ax.plot(p.flops, p.mean, marker=markers[p.group], markersize=8, color=colour, linestyle="",
                     markeredgecolor="white", zorder=3, transform=shifted)
-            ax.annotate(p.family, (p.flops, p.mean), xycoords=shifted, xytext=(6, 4), textcoords="offset points",
-                        fontsize=8, color=colour)
         _fit_limits(ax, points[points["label"] == label])
         ax.set(xlabel="training FLOPs (mean over seeds)", ylabel=f"{label} (mean over seeds)")
         ax.margins(x=0.15, y=0.1)
@@ -322,5 +320,5 @@ def score_vs_flops(points: pd.DataFrame, families: Sequence[str]) -> Figure | No
     if len(groups) > 1:
         handles += [Line2D([], [], marker=m, color="0.4", linestyle="", label=g) for g, m in markers.items()]
     handles.append(Line2D([], [], color="0.4", linewidth=1.6, label=f"{level:.0%} t-interval over seeds"))
-    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5))
+    figure.legend(handles=handles, loc="outside right upper")
     return figure

@@ -16,6 +16,7 @@ for byte: nothing in them comes from the clock, only from the store.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import itertools
 import os
@@ -31,7 +32,8 @@ from rich.console import Group
 from rich.table import Table
 
 from analysis import plots
-from analysis.load import KEY_COLUMNS, VALUE_COLUMNS, load, load_curves, load_history, load_runs, load_sweep
+from analysis.load import (KEY_COLUMNS, VALUE_COLUMNS, load, load_curves, load_history, load_items, load_runs,
+                           load_sweep)
 from analysis.stats import (BOOT_RELIABLE_N, N_BOOT, SEEDS_MAX, cell_keys, compare, is_reference,
                             p_min_mannwhitney, p_min_signflip, summarize)
 
@@ -55,6 +57,9 @@ DECIDED = ("better", "worse", "equivalent")
 CONTEXT_CURVE, CONTEXT_X, CONTEXT_COUNT = "tvd_by_context", "n_context_strings", "n_positions"
 CONTEXT_X_LABEL = "strings of the instance's language already in the context"
 FLOPS = "train_flops"
+
+
+HB_FINAL = 10_000  # seed x item bootstrap resamples for a written report (statistics.md (c))
 
 
 @dataclass(frozen=True)
@@ -85,16 +90,30 @@ class Analysis:
     curves: pd.DataFrame  # TVD by number of in-context strings (`load_curves`)
 
 
+def options_for(spec: Mapping) -> AnalysisOptions:
+    """The defaults, or for an adaptive sweep the rule it declared: every test at alpha / K for K
+    looks (statistics.md (f)), so the report says what the stopping rule saw."""
+    looks = spec.get("looks") or []
+    if not looks:
+        return AnalysisOptions()
+    rule = looks[-1]["rule"]
+    return AnalysisOptions(baseline=rule["baseline"], primary_metrics=(rule["metric"],),
+                           alpha=rule["alpha"] / looks[-1]["n_looks"], delta_min=rule["delta_min"])
+
+
 def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None = None) -> Analysis:
     """Load a sweep and compute its cells and comparisons, both keyed by the same cell keys."""
-    options = options or AnalysisOptions()
+    spec = load_sweep(store_root, sweep)
+    options = options or options_for(spec)
     values = load(store_root, sweep)
+    items = load_items(store_root, sweep)
     keys = cell_keys(values) if options.by is None else list(options.by)
     return Analysis(
-        sweep=sweep, spec=load_sweep(store_root, sweep), runs=load_runs(store_root, sweep), values=values,
-        cells=summarize(values, 1 - options.alpha, options.n_boot, options.seed, by=keys),
+        sweep=sweep, spec=spec, runs=load_runs(store_root, sweep), values=values,
+        cells=summarize(values, 1 - options.alpha, options.n_boot, options.seed, by=keys, items=items),
         comparisons=compare(values, options.baseline, options.pairing, options.primary_metrics,
-                            options.alpha, options.delta_min, options.seed, by=keys),
+                            options.alpha, options.delta_min, options.seed, by=keys, items=items,
+                            n_boot=HB_FINAL),
         options=options, keys=tuple(keys), history=load_history(store_root, sweep),
         curves=load_curves(store_root, sweep, CONTEXT_CURVE))
 
@@ -556,7 +575,8 @@ def _plots(analysis: Analysis) -> list[Plot]:
     o, families = analysis.options, _families(analysis)
     level = f"{1 - o.alpha:.0%}"
     comparisons = _grouped(analysis, _primary(analysis, analysis.comparisons))
-    hierarchical = "; thin whisker: hierarchical bootstrap interval (seeds and items)" if _has(comparisons, "hb_low") else ""
+    hierarchical = ("; thin whisker: hierarchical bootstrap interval (seeds and items)"
+                    if _has(comparisons, "hb_low") else "")
     cells = _primary(analysis, analysis.cells)
     flops = analysis.cells.loc[analysis.cells["metric"] == FLOPS, ["family", "size", *analysis.keys, "mean",
                                                                     "ci_low", "ci_high"]]
@@ -675,14 +695,33 @@ def _item_noise_lines(analysis: Analysis) -> list[str]:
             *_md_table(["family", "metric", "where", "items", "item SE", "seed std"], table)]
 
 
+def _looks_section(analysis: Analysis) -> list[str]:
+    """The looks of an adaptive sweep, as recorded by the orchestrator: the count is the honest one."""
+    looks = analysis.spec.get("looks") or []
+    if not looks:
+        return []
+    rows = [[str(look["look"]), str(look["n_looks"]), str(look["n_seeds"]), f"{look['level']:.4f}",
+             look["decision"], ", ".join(f"{k}: {v}" for k, v in sorted(look["verdicts"].items()))]
+            for look in looks]
+    lines = ["## Looks (adaptive seeding)", "",
+             "Seeds were added in the declared schedule of looks; every interval of a look is at level"
+             " 1 - alpha/K (K looks), with Holm across cells.", "",
+             *_md_table(["look", "of", "seeds", "level", "decision", "verdicts"], rows)]
+    if looks[-1]["decision"] != "continue" and looks[-1]["look"] < looks[-1]["n_looks"]:
+        lines += ["", "Stopped early: estimates from an early stop are biased away from 0 (winner's curse)."]
+    return lines + [""]
+
+
 def _how_sure(analysis: Analysis) -> list[str]:
     rows = _confirmatory(analysis)
     lines = ["## How sure are we", "", *_single_seed_lines(analysis)]
+    if _has(analysis.comparisons, "hb_low"):
+        lines += [f"- **Hierarchical interval.** The hierarchical CI resamples seeds and evaluation items together."
+                  f" Below {BOOT_RELIABLE_N} seeds it is too narrow (resampling few seeds understates their spread),"
+                  " so the t-interval decides; where the hierarchical CI is the wider one, noise from the"
+                  " evaluation items matters."]
     if not rows.empty:
         lines += [*_floor_lines(analysis, rows), *_family_lines(analysis, rows), *_undecided_lines(analysis, rows)]
-    if _has(analysis.comparisons, "hb_low"):
-        lines += ["- **Hierarchical interval.** The hierarchical CI resamples seeds and evaluation items together;"
-                  " where it is much wider than the t-interval, the evaluation set is too small to ignore."]
     return lines + _item_noise_lines(analysis)
 
 
@@ -730,7 +769,8 @@ def render_markdown(analysis: Analysis, figures: list[Plot] | None = None) -> st
     """report.md's text: headline, setup, tables, figures (drawn here unless given), how sure we are,
     failed runs, how to read it. Deterministic: built only from the analysis, sorted throughout."""
     figures = _plots(analysis) if figures is None else figures
-    lines = [f"# Sweep `{analysis.sweep}`: results", "", *_headline_section(analysis), "", *_header(analysis),
+    lines = [f"# Sweep `{analysis.sweep}`: results", "", *_headline_section(analysis), "", *_looks_section(analysis),
+             *_header(analysis),
              "", "## Results per metric", ""]
     for metric in _metrics(analysis):
         lines += [*_metric_section(analysis, metric), ""]
@@ -744,10 +784,11 @@ def render_markdown(analysis: Analysis, figures: list[Plot] | None = None) -> st
 # markdown emitted above: #-headings, "- " lists, "| " tables, "> " quotes, paragraphs, and inline
 # `code`, **bold**, *italic* and ![alt](src) images (embedded from `images`).
 
-STYLE = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;line-height:1.45;color:#222}
-table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}
-th{background:#f2f2f2}code{background:#f4f4f4;padding:0 .2rem}blockquote{border-left:4px solid #c33;margin:.5rem 0;padding:.1rem .8rem;background:#fff5f5}
-img{max-width:100%;height:auto}h1,h2{border-bottom:1px solid #ddd}"""
+HTML_STYLE = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;line-height:1.45}
+table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}
+th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}th{background:#f2f2f2}
+code{background:#f4f4f4;padding:0 .2rem}img{max-width:100%;height:auto}h1,h2{border-bottom:1px solid #ddd}
+blockquote{border-left:4px solid #c33;margin:.5rem 0;padding:.1rem .8rem;background:#fff5f5}"""
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)]+)\)")
 _BOLD, _ITALIC = re.compile(r"\*\*(.+?)\*\*"), re.compile(r"\*(.+?)\*")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
@@ -775,10 +816,10 @@ def _kind(line: str) -> str:
 
 
 def _html_block(kind: str, lines: list[str], images: Mapping[str, bytes]) -> str:
-    inline = lambda text: _inline(text, images)  # noqa: E731
+    inline = functools.partial(_inline, images=images)
     if kind == "heading":
-        return "\n".join(f"<h{len(l) - len(l.lstrip('#'))}>{inline(l.lstrip('#').strip())}"
-                         f"</h{len(l) - len(l.lstrip('#'))}>" for l in lines)
+        levels = [len(l) - len(l.lstrip("#")) for l in lines]
+        return "\n".join(f"<h{n}>{inline(l[n:].strip())}</h{n}>" for n, l in zip(levels, lines))
     if kind == "list":
         return "<ul>\n" + "\n".join(f"<li>{inline(l[2:])}</li>" for l in lines) + "\n</ul>"
     if kind == "quote":
@@ -799,7 +840,7 @@ def render_html(markdown: str, images: Mapping[str, bytes]) -> str:
     title = html.escape(next((l.lstrip("#").strip() for l in lines if l.startswith("# ")), "report").replace("`", ""))
     body = "\n".join(_html_block(kind, block, images) for kind, block in blocks)
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{title}</title>\n'
-            f"<style>\n{STYLE}\n</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
+            f"<style>\n{HTML_STYLE}\n</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -808,6 +849,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(descriptor, "wb") as file:
             file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, 0o644)  # mkstemp makes 0600; reports are meant to be shared
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)

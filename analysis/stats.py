@@ -1,4 +1,5 @@
-"""Seed-level statistics for multi-seed comparisons (design/statistics.md, sections a, b, d, e).
+"""Seed-level statistics for multi-seed comparisons (design/statistics.md, sections a, b, d, e), with the
+item-level columns of `analysis.bootstrap` (c) when per-example outputs are given.
 
 The unit of replication is the seed. Every function takes the long table of `analysis.load`
 (family, size, seed, metric, value, higher_is_better, plus the config keys that vary across the runs)
@@ -9,7 +10,6 @@ Resampling draws from `stable_rng`, so the same store always gives the same numb
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -21,17 +21,19 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestIndPower, TTestPower
 
+from analysis.bootstrap import HB_N_BOOT, hierarchical, item_noise, stable_rng
 from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
 
 CELL_COLUMNS = ["family", "size", "metric", "higher_is_better", "n_seeds", "seeds", "mean", "std", "sem", "ci_level",
                 "ci_low", "ci_high", "boot_ci_low", "boot_ci_high", "boot_method", "n_boot",
-                "boot_reliable", "single_seed", "iqm"]
+                "boot_reliable", "single_seed", "n_items", "item_se", "iqm"]
+HB_COLUMNS = ["hb_low", "hb_high", "hb_p", "hb_se_seeds", "hb_se_items"]  # of `hierarchical`, in compare
 COMPARISON_COLUMNS = [
     "family", "baseline", "size", "metric", "higher_is_better", "pairing", "n_pairs", "n_candidate", "n_baseline",
     "seeds_dropped", "single_seed", "diff_mean", "diff_std", "ci_level", "ci_low", "ci_high",
     "tost_low", "tost_high", "p_value", "correction", "p_adj", "p_holm", "welch_p", "welch_df",
     "welch_low", "welch_high", "signflip_p", "p_min_attainable", "prob_improvement", "mannwhitney_p",
-    "seed_wins", "wins_low", "wins_high", "dz", "sigma", "sigma_df", "sigma_pooled", "delta_min",
+    "seed_wins", "wins_low", "wins_high", "dz", *HB_COLUMNS, "sigma", "sigma_df", "sigma_pooled", "delta_min",
     "seeds_needed", "seeds_needed_conservative", "seeds_needed_observed", "seeds_more",
     "seeds_unresolvable", "verdict"]
 REFERENCE_PREFIX = "ngram"
@@ -54,13 +56,6 @@ _EXPECTED_WARNINGS = (RuntimeWarning, stats.DegenerateDataWarning)
 def is_reference(metric: str) -> bool:
     """ngram* metrics are in-context n-gram estimators, identical in every run: not model results."""
     return metric.startswith(REFERENCE_PREFIX)
-
-
-def stable_rng(*key: object) -> np.random.Generator:
-    """A generator seeded from a hash of `key` (analysis seed, cell, purpose) that, unlike Python's
-    hash(), is the same in every process, so reports are reproducible byte for byte."""
-    digest = hashlib.sha256("\x1f".join(map(str, key)).encode()).digest()
-    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
 @contextmanager
@@ -155,15 +150,47 @@ def iqm(x: np.ndarray) -> float:
     return float(stats.trim_mean(x, 0.25)) if len(x) >= IQM_MIN_N else math.nan
 
 
+def _keyed_items(items: pd.DataFrame, df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The item rows with the cell keys of their runs: the item table's own columns when it has them,
+    else looked up in `df` by run_id (load_items carries no config keys)."""
+    missing = [k for k in keys if k not in items.columns]
+    if not missing:
+        return items
+    if "run_id" not in items.columns or "run_id" not in df.columns:
+        raise ValueError(f"the item table lacks the cell keys {missing}, and run_id to look them up by")
+    return items.merge(df[["run_id", *missing]].drop_duplicates("run_id"), on="run_id", how="inner")
+
+
+def _select(table: pd.DataFrame, columns: list[str], values: Sequence) -> pd.DataFrame:
+    """The rows of `table` whose `columns` equal `values`, NaN matching NaN as in groupby(dropna=False)."""
+    mask = np.ones(len(table), bool)
+    for column, value in zip(columns, values):
+        mask &= table[column].isna().to_numpy() if pd.isna(value) else (table[column] == value).to_numpy()
+    return table[mask]
+
+
+def _cell_noise(items: pd.DataFrame | None, df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per cell, n_items (the fewest of any of its runs; runs normally share one eval set) and item_se,
+    the root mean square over its runs of each run's `item_noise`: the item noise of one run."""
+    cell_columns = ["family", "size", *keys, "metric"]
+    if items is None:
+        return pd.DataFrame(columns=[*cell_columns, "n_items", "item_se"])
+    noise = item_noise(_keyed_items(items, df, keys), by=keys).assign(se2=lambda t: t["item_se"] ** 2)
+    cells = noise.groupby(cell_columns, dropna=False).agg(n_items=("n_items", "min"), se2=("se2", "mean"))
+    return cells.assign(item_se=np.sqrt(cells.pop("se2"))).reset_index()
+
+
 def _join(seeds) -> str:
     return ",".join(str(s) for s in sorted(seeds))
 
 
 def summarize(df: pd.DataFrame, level: float = 0.95, n_boot: int = N_BOOT, seed: int = 0,
-              by: Sequence[str] | None = None) -> pd.DataFrame:
+              by: Sequence[str] | None = None, items: pd.DataFrame | None = None) -> pd.DataFrame:
     """The `cells` table: per cell (family, size, cell keys, metric), mean, std, sem, t-interval
     (headline), BCa bootstrap interval (secondary, flagged unreliable below 10 seeds) and IQM (from 4
-    seeds).
+    seeds). With `items` (the table of `analysis.load_items`), n_items and item_se say how much one
+    run's metric would move on a re-drawn eval set (see `_cell_noise` and `item_noise`); without
+    them, or for cells without items, they are NA.
 
     The cell keys are `by`, or `cell_keys(df)` when by is None (the default), and come right after
     `size`. `seeds` is the sorted seeds as comma-separated text. NaN values are left out.
@@ -187,9 +214,10 @@ def summarize(df: pd.DataFrame, level: float = 0.95, n_boot: int = N_BOOT, seed:
             "boot_method": "BCa", "n_boot": n_boot, "boot_reliable": n >= BOOT_RELIABLE_N,
             "single_seed": n == 1, "iqm": iqm(x),
         })
-    cells = pd.DataFrame(rows, columns=_after_size(CELL_COLUMNS, keys))
-    cells["higher_is_better"] = cells["higher_is_better"].astype("boolean")
-    return cells
+    columns = _after_size(CELL_COLUMNS, keys)
+    cells = pd.DataFrame(rows, columns=[c for c in columns if c not in ("n_items", "item_se")])
+    cells = cells.merge(_cell_noise(items, df, keys), on=cell_columns, how="left")[columns]
+    return cells.astype({"higher_is_better": "boolean", "n_items": "Int64", "item_se": float})
 
 
 def pooled_std(std: Sequence[float], n: Sequence[int]) -> tuple[float, int]:
@@ -354,7 +382,8 @@ def _verdict(row: pd.Series, alpha: float) -> str:
 def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
             primary_metrics: Sequence[str] = ("regbench_tvd",), alpha: float = 0.05,
             delta_min: float | Mapping[str, float] = 0.02, seed: int = 0,
-            by: Sequence[str] | None = None) -> pd.DataFrame:
+            by: Sequence[str] | None = None, items: pd.DataFrame | None = None,
+            n_boot: int = HB_N_BOOT) -> pd.DataFrame:
     """The `comparisons` table: every family against `baseline`, per size, cell keys and metric.
 
     The cell keys are `by`, or `cell_keys(df)` when by is None (the default), and come right after
@@ -370,12 +399,17 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
     "more than SEEDS_MAX" (seeds_unresolvable, and then seeds_more is NA). `delta_min` may map
     metric -> margin; metrics not in the mapping get no equivalence verdict and no delta_min planning.
     Reference (ngram*) metrics and metrics without a declared direction are not compared.
+    With `items` (the table of `analysis.load_items`), hb_* are the hierarchical seed x item bootstrap
+    of `analysis.multibootstrap` with n_boot draws: percentile interval at 1 - alpha, hb_p and the
+    seed and item parts of its spread; NaN for metrics without items. The item table gets its cell
+    keys from `df` by run_id when it lacks them.
     """
     keys = _keys(df, by)
     setting_columns = ["size", *keys, "metric"]
     directions = _directions(df)
     values = _seed_values(df, keys)
     values = values[~values["metric"].map(is_reference).astype(bool) & values["metric"].isin(directions)]
+    keyed_items = None if items is None else _keyed_items(items, df, keys)
     rows = []
     for setting, cell in values.groupby(setting_columns, sort=True, dropna=False):
         metric = setting[-1]
@@ -383,11 +417,17 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
         by_family = {family: sign * g.set_index("seed")["value"] for family, g in cell.groupby("family")}
         if baseline not in by_family:
             continue
+        cell_items = None if keyed_items is None else _select(keyed_items, setting_columns, setting)
         for family in sorted(set(by_family) - {baseline}):
             rng = stable_rng(seed, family, baseline, *setting, "signflip")
+            hb = dict.fromkeys(HB_COLUMNS, math.nan)
+            if cell_items is not None and not cell_items.empty:
+                hb_rng = stable_rng(seed, family, baseline, *setting, "multibootstrap")
+                hb = hierarchical(cell_items, family, baseline, sign, pairing, hb_rng, n_boot, 1 - alpha)
             rows.append({"family": family, "baseline": baseline, **dict(zip(setting_columns, setting)),
                          "higher_is_better": directions[metric],
-                         **compare_seeds(by_family[family], by_family[baseline], pairing, alpha, rng)})
+                         **compare_seeds(by_family[family], by_family[baseline], pairing, alpha, rng),
+                         **{c: hb[c] for c in HB_COLUMNS}})
     columns = _after_size(COMPARISON_COLUMNS, keys)
     if not rows:
         return pd.DataFrame(columns=columns)

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator import grid, scheduler  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
+from jobs.registry import catalog  # noqa: E402
 
 console = Console()
 
@@ -58,7 +59,7 @@ def overhead(n: int, root: Path) -> None:
 
     cfgs = [p.config for p in grid.expand(["family=dense", f"seed=range(0,{n})", "size=micro",
                                            "eval.jobs=[noop]", f"store.root={root}"],
-                                          frozenset({"regbench", "noop"}))[0]]
+                                          catalog())[0]]
     store = Store(root)
     store.create()
     runs = scheduler.plan(cfgs, store)

@@ -27,13 +27,16 @@ class JobResult:
 
 JobFn = Callable[[dict, Path, Progress], JobResult]
 EVALUATIONS: dict[str, JobFn] = {}
+METRICS: dict[str, frozenset[str]] = {"train": frozenset({"final_loss"})}  # outcome metrics per job
 
 
-def evaluation(name: str) -> Callable[[JobFn], JobFn]:
+def evaluation(name: str, metrics: tuple[str, ...]) -> Callable[[JobFn], JobFn]:
+    """Register an evaluation job and the outcome metrics it records (checked in configs)."""
     def register(fn: JobFn) -> JobFn:
         if name in EVALUATIONS:
             raise ValueError(f"evaluation {name!r} registered twice")
         EVALUATIONS[name] = fn
+        METRICS[name] = frozenset(metrics)
         return fn
     return register
 
@@ -44,9 +47,10 @@ def _discover() -> None:
         importlib.import_module(f"{evals.__name__}.{module.name}")
 
 
-def evaluations() -> frozenset[str]:
+def catalog() -> dict[str, frozenset[str]]:
+    """Job name -> the outcome metrics it records, for `train` and every evaluation."""
     _discover()
-    return frozenset(EVALUATIONS)
+    return dict(METRICS)
 
 
 def train_job(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:

@@ -5,6 +5,8 @@ started or written), 130 interrupted (the same command resumes)."""
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import sys
 from collections import Counter
 from typing import Optional
@@ -20,35 +22,107 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from jobs.registry import evaluations
+    from jobs.registry import catalog
 
     from . import grid, scheduler
 
-    points, default_name = grid.expand(args.overrides, evaluations())
+    points, default_name = grid.expand(args.overrides, catalog())
     roots = {p.config["store"]["root"] for p in points}
     if len(roots) != 1:
         raise ConfigError(f"store.root: one sweep must use one store, got {sorted(roots)}")
     store = Store(roots.pop())
     store.check()
-    runs = scheduler.plan([p.config for p in points], store)
     name = args.name or default_name
+    configs = [p.config for p in points]
+    adaptive = configs[0]["adaptive"]
+    if adaptive["metric"]:
+        return _adaptive_sweep(configs, store, name, args)
+    runs = scheduler.plan(configs, store)
     if args.dry_run:
-        for r in runs:
-            c = r.config
-            console.print(f"{r.run_id}  {c['family']['name']:<7} {c['model']['name']:<6} "
-                          f"seed={c['seed']:<3} {scheduler.resources_text(c)}  "
-                          f"{'cached' if r.cached else 'new'}")
-        console.print(f"sweep {name}: {len(runs)} runs, "
-                      f"{sum(not r.cached for r in runs)} to do (dry run: nothing written)")
+        _print_plan(runs, name)
         return 0
+    outcome = _run(runs, store, name, args.overrides)
+    return _report(store, name) or (1 if FAILED in outcome.values() else 0)
+
+
+def _print_plan(runs: list, name: str) -> None:
+    from .scheduler import resources_text
+
+    for r in runs:
+        c = r.config
+        console.print(f"{r.run_id}  {c['family']['name']:<7} {c['model']['name']:<6} "
+                      f"seed={c['seed']:<3} {resources_text(c)}  {'cached' if r.cached else 'new'}")
+    console.print(f"sweep {name}: {len(runs)} runs, "
+                  f"{sum(not r.cached for r in runs)} to do (dry run: nothing written)")
+
+
+def _run(runs: list, store: Store, name: str, overrides: list[str]) -> dict[str, str]:
+    from . import scheduler
+
     store.create()
     for r in runs:
         store.write_config(r.run_id, r.config)
-    store.record_sweep(name, args.overrides, [r.run_id for r in runs])
+    store.record_sweep(name, overrides, [r.run_id for r in runs])
     console.print(f"sweep [bold]{name}[/]: {len(runs)} runs, {sum(r.cached for r in runs)} "
                   f"cached, store {store.root}")
-    outcome = scheduler.run(runs, store, runs[0].config["cluster"], console)
-    return _report(store, name) or (1 if FAILED in outcome.values() else 0)
+    return scheduler.run(runs, store, runs[0].config["cluster"], console)
+
+
+def _with_seeds(configs: list[dict], seeds: range) -> list[dict]:
+    """Every distinct non-seed config of the grid, once per seed."""
+    distinct = {json.dumps({**c, "seed": 0}, sort_keys=True): c for c in configs}
+    return [{**copy.deepcopy(c), "seed": s} for c in distinct.values() for s in seeds]
+
+
+def _adaptive_sweep(configs: list[dict], store: Store, name: str, args: argparse.Namespace) -> int:
+    """Run the declared looks (statistics.md (f)): seeds 0..n-1 at each look, then the rule."""
+    import analysis
+    import ray
+
+    from . import scheduler
+    from .config import adaptive_looks
+
+    a = configs[0]["adaptive"]
+    looks = adaptive_looks(a)
+    families = {c["family"]["name"] for c in configs}
+    if a["baseline"] not in families or len(families) < 2:
+        raise ConfigError(f"adaptive.baseline={a['baseline']}: the sweep's families are "
+                          f"{sorted(families)}; include the baseline and at least one other family")
+    if args.dry_run:
+        console.print(f"adaptive sweep on {a['metric']}: looks at {looks} seeds, level "
+                      f"{1 - a['alpha'] / len(looks):.4f} per look; first look:")
+        _print_plan(scheduler.plan(_with_seeds(configs, range(looks[0])), store), name)
+        return 0
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        scheduler.init_ray(configs[0]["cluster"])
+    try:
+        n, failed = looks[0], False
+        while True:
+            runs = scheduler.plan(_with_seeds(configs, range(n)), store)
+            failed |= FAILED in _run(runs, store, name, args.overrides).values()
+            plan = analysis.next_seeds(analysis.load(store.root, name), looks=looks,
+                                       alpha=a["alpha"], delta_min=a["delta_min"],
+                                       baseline=a["baseline"], primary_metrics=(a["metric"],))
+            verdicts = {f"{r['family']}/{r['size']}": r["verdict"]
+                        for _, r in plan.comparisons.iterrows()}
+            store.record_look(name, {"look": plan.look, "n_looks": plan.n_looks,
+                                     "n_seeds": plan.n_seeds, "level": plan.level,
+                                     "decision": plan.decision, "n_more": plan.n_more,
+                                     "verdicts": verdicts,
+                                     "rule": {k: a[k] for k in ("metric", "alpha", "delta_min",
+                                                                "baseline", "looks", "max_seeds")}})
+            console.print(f"look {plan.look}/{plan.n_looks} at {plan.n_seeds} seeds "
+                          f"(level {plan.level:.4f}): {plan.decision}"
+                          + (f", adding {plan.n_more} seeds" if plan.decision == "continue" else "")
+                          + "; " + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
+            if plan.decision != "continue" or plan.n_more <= 0:
+                break
+            n += plan.n_more
+    finally:
+        if owns_ray:
+            ray.shutdown()
+    return _report(store, name) or (1 if failed else 0)
 
 
 def _report(store: Store, name: str) -> int:

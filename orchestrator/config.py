@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -144,6 +144,18 @@ class StoreConfig:
 
 
 @dataclass
+class AdaptiveConfig:
+    """Seeds added in a pre-declared schedule of looks until the comparison is decided
+    (statistics.md (f)); off while `metric` is null."""
+    metric: Optional[str] = None
+    max_seeds: int = 8
+    looks: list[int] = field(default_factory=lambda: [3, 5, 8])
+    alpha: float = 0.05
+    delta_min: float = 0.02
+    baseline: str = "dense"
+
+
+@dataclass
 class Config:
     seed: int = 0
     family: FamilyConfig = field(default_factory=FamilyConfig)
@@ -155,6 +167,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,10 +179,12 @@ def hydra_session(conf_dir: Path = CONF_DIR) -> Any:
     return initialize_config_dir(config_dir=str(conf_dir), version_base=None)
 
 
-def compose_run(overrides: list[str], evaluations: frozenset[str] = frozenset()) -> dict:
+def compose_run(overrides: list[str], catalog: Mapping[str, frozenset[str]] | None = None) -> dict:
     """Compose one grid point (inside `hydra_session`), validate it and fill in derived values.
 
-    Returns the fully resolved config as a plain dict."""
+    `catalog` maps each job name (train and the registered evaluations) to the metrics it
+    records, for the checks of `eval.jobs` and `adaptive.metric`. Returns the fully resolved
+    config as a plain dict."""
     try:
         cfg = compose("config", overrides=overrides)
     except MissingConfigException as e:
@@ -180,10 +195,10 @@ def compose_run(overrides: list[str], evaluations: frozenset[str] = frozenset())
             raise ConfigError(f"{unknown.group(1)}: unknown key; check the spelling (see conf/ "
                               f"and orchestrator/config.py)") from None
         raise ConfigError(_first_line(e)) from None
-    return validate(cfg, evaluations)
+    return validate(cfg, catalog)
 
 
-def validate(cfg: DictConfig, evaluations: frozenset[str] = frozenset()) -> dict:
+def validate(cfg: DictConfig, catalog: Mapping[str, frozenset[str]] | None = None) -> dict:
     """Merge into the schema (keys and types), resolve interpolations, then check values."""
     try:
         typed = OmegaConf.merge(OmegaConf.structured(Config), cfg)
@@ -191,7 +206,7 @@ def validate(cfg: DictConfig, evaluations: frozenset[str] = frozenset()) -> dict
     except OmegaConfBaseException as e:
         raise ConfigError(_schema_message(e)) from None
     _fill_derived(plain)
-    _check(plain, evaluations)
+    _check(plain, catalog or {})
     return plain
 
 
@@ -280,7 +295,25 @@ def _get(c: dict, dotted: str) -> Any:
 FAMILIES = ["dense", "lidas", "looped"]
 
 
-def _check(c: dict, evaluations: frozenset[str]) -> None:
+def adaptive_looks(a: dict) -> list[int]:
+    """The declared looks up to max_seeds, ending at max_seeds (S_max)."""
+    return [n for n in a["looks"] if n < a["max_seeds"]] + [a["max_seeds"]]
+
+
+def _check_adaptive(a: dict, metrics: frozenset[str]) -> None:
+    if a["metric"] is None:
+        return
+    if metrics:
+        _one_of("adaptive.metric", a["metric"], sorted(metrics))
+    looks = adaptive_looks(a)
+    _require(looks[0] >= 2 and all(x < y for x, y in zip(looks, looks[1:])),
+             f"adaptive.looks={a['looks']}: must be increasing seed counts from 2 up to "
+             f"adaptive.max_seeds={a['max_seeds']}")
+    _require(0 < a["alpha"] < 1, f"adaptive.alpha={a['alpha']}: must be in (0, 1)")
+    _require(a["delta_min"] > 0, f"adaptive.delta_min={a['delta_min']}: must be > 0")
+
+
+def _check(c: dict, catalog: Mapping[str, frozenset[str]]) -> None:
     _require(c["seed"] >= 0, f"seed={c['seed']}: must be a non-negative integer")
     fam, m, t, d = c["family"], c["model"], c["train"], c["data"]
     _one_of("family.name", fam["name"], FAMILIES)
@@ -312,9 +345,13 @@ def _check(c: dict, evaluations: frozenset[str]) -> None:
     if fam["name"] == "looped":
         _check_loop(fam["loop"], m)
     _check_data(d)
-    if evaluations:
+    if catalog:
         for job in c["eval"]["jobs"]:
-            _one_of("eval.jobs", job, sorted(evaluations))
+            _one_of("eval.jobs", job, sorted(set(catalog) - {"train"}))
+        metrics = frozenset().union(*(catalog[j] for j in ["train", *c["eval"]["jobs"]]))
+        _check_adaptive(c["adaptive"], metrics)
+    else:
+        _check_adaptive(c["adaptive"], frozenset())
 
 
 def _check_growth(g: Optional[dict], m: dict, t: dict) -> None:

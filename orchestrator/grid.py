@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
@@ -60,11 +61,11 @@ def axes(cli_overrides: list[str]) -> dict[str, list[str]]:
     return merged
 
 
-def expand(cli_overrides: list[str], evaluations: frozenset[str]) -> tuple[list[GridPoint], str]:
+def expand(cli_overrides: list[str], catalog: Mapping[str, frozenset[str]]) -> tuple[list[GridPoint], str]:
     """All grid points, validated, and the default sweep name derived from the grid."""
     with hydra_session():
         grid = axes(cli_overrides)
-        points = [GridPoint(tuple(combo), compose_run(list(combo), evaluations))
+        points = [GridPoint(tuple(combo), compose_run(list(combo), catalog))
                   for combo in itertools.product(*grid.values())]
     return points, default_sweep_name(grid)
 

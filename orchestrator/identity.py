@@ -8,7 +8,7 @@ import json
 # Sections and keys that do not change a run's results: where it runs, how it is tracked and
 # stored, how often it checkpoints or retries, and which evaluations are listed (a newly listed
 # evaluation runs on the existing run instead of retraining it).
-NON_SEMANTIC = ("cluster", "store", "resources", "tracker", "train.max_retries",
+NON_SEMANTIC = ("cluster", "store", "resources", "tracker", "adaptive", "train.max_retries",
                 "train.checkpoint_every", "eval.jobs", "eval.resources")
 
 

@@ -48,6 +48,7 @@ def write_atomic(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -242,6 +243,14 @@ class Store:
         sweep["invocations"].append({"at": now(), "overrides": list(overrides)})
         sweep["overrides"] = list(overrides)
         sweep["run_ids"] = list(dict.fromkeys(sweep["run_ids"] + run_ids))
+        write_yaml(path, sweep)
+        return sweep
+
+    def record_look(self, name: str, look: dict) -> dict:
+        """Append one look of an adaptive sweep (its seeds, decision and verdicts)."""
+        path = self.sweep_dir(name) / "sweep.yaml"
+        sweep = yaml.safe_load(path.read_text())
+        sweep.setdefault("looks", []).append({"at": now(), **look})
         write_yaml(path, sweep)
         return sweep
 

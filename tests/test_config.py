@@ -5,7 +5,7 @@ from orchestrator import grid
 from orchestrator.config import ConfigError
 from orchestrator.identity import run_id
 
-EVALS = frozenset({"regbench"})
+EVALS = {"train": frozenset({"final_loss"}), "regbench": frozenset({"regbench_tvd"})}
 
 
 def expand(*overrides):

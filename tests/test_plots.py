@@ -15,7 +15,7 @@ from matplotlib.colors import to_rgba
 from test_analysis_load import new_store, write_run, write_sweep
 from test_report import NGRAMS, TVD
 
-from analysis import analyse, plots, write_report
+from analysis import analyse, load_curves, load_history, plots, write_report
 from analysis.report import _plots
 
 SWEEP = "demo"
@@ -109,7 +109,8 @@ def test_single_seed_cells_are_drawn_without_intervals(tmp_path):
     root = fake_store(tmp_path / "store", seeds={("lidas", "tiny"): 1})
     report = write_report(root, SWEEP).read_text()
     assert {p.stem for p in plot_dir(root).iterdir()} == ALL_PLOTS
-    assert "- **Single-seed cells** (no interval, no test, marked 'single seed' in the tables): lidas at tiny." in report
+    assert ("- **Single-seed cells** (no interval, no test, marked 'single seed' in the tables): lidas at tiny."
+            in report)
     assert "- No test possible: lidas vs dense on RegBench TVD at tiny has 1 seed; a test needs 2." in report
 
 
@@ -191,3 +192,16 @@ def test_hierarchical_columns_reach_the_forest_plot_when_present(tmp_path):
     assert "thin whisker: hierarchical bootstrap interval" in forest.caption
     widths = [c.get_linewidth()[0] for c in forest.figure.axes[0].collections if hasattr(c, "get_segments")]
     assert widths.count(1) == widths.count(2.6) == 4
+
+
+def test_history_and_curves_load_as_tidy_frames(tmp_path):
+    root = fake_store(tmp_path / "store")
+    (root / "runs" / "dense-tiny-0" / "history.parquet").unlink()
+    history_table = load_history(root, SWEEP)
+    assert list(history_table.columns) == ["run_id", "family", "size", "seed", "step", "loss", "lr", "tokens",
+                                           "flops", "n_layers"]
+    assert len(history_table) == 10 * 17 and "dense-tiny-0" not in set(history_table["run_id"])
+    curve = load_curves(root, SWEEP)
+    assert list(curve.columns[:5]) == ["run_id", "family", "size", "seed", "n_context_strings"]
+    assert len(curve) == 4 * 18 and set(curve.columns) >= {"regbench_tvd", "n_positions", *NGRAMS}
+    assert list(load_curves(root, SWEEP, "no_such_curve").columns) == ["run_id", "family", "size", "seed"]

@@ -1,8 +1,11 @@
 """write_report on a fake store: numbers traced back to metrics.json, references, failures, determinism."""
 
+import base64
+import html
 import itertools
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +15,8 @@ from rich.console import Console
 from scipy import stats
 from test_analysis_load import new_store, write_run, write_sweep
 
-from analysis import AnalysisOptions, analyse, read_results, render_summary, write_report
+from analysis import (AnalysisOptions, analyse, read_results, render_html, render_markdown, render_summary,
+                      write_report)
 
 NGRAMS = {"ngram1_tvd": 0.42, "ngram2_tvd": 0.20, "ngram3_tvd": 0.15}
 # regbench_tvd per family, size and seed; looped at tiny is worse than the unigram estimator.
@@ -115,8 +119,9 @@ def test_header_failed_runs_and_how_to_read(store):
 
 def test_report_is_byte_identical_on_a_second_call(store):
     path = write_report(store, "demo")
-    first = path.read_bytes()
-    assert write_report(store, "demo").read_bytes() == first
+    first = path.read_bytes(), path.with_suffix(".html").read_bytes()
+    assert write_report(store, "demo").read_bytes() == first[0]
+    assert path.with_suffix(".html").read_bytes() == first[1]
     assert not list(path.parent.glob(".*"))  # no temporary files left behind
 
 
@@ -256,3 +261,137 @@ def test_reference_rows_per_evaluation_data(tmp_path):
     mean = np.mean(TVD[("dense", "tiny")])
     assert dense == {"regbench": pytest.approx((0.5 - mean) / (0.5 - 0.20), rel=1e-3),
                      "regbench_easy": pytest.approx((0.42 - mean) / (0.42 - 0.20), rel=1e-3)}
+
+
+# ---- headline, how sure are we, report.html ----------------------------------------------------
+
+HEADLINE = re.compile(r"- (?:No decision yet: )?(\w+) (?:beats|is worse than|vs) dense on RegBench TVD at (\w+)[:,]"
+                      r" (\S+ \[\S+, \S+\]), (\d+) seeds, Holm p = ([^;]+?)[.;](?: |$)")
+
+
+@pytest.fixture
+def decisive_store(tmp_path: Path) -> Path:
+    """5 seeds at tiny: lidas clearly better than dense, looped clearly worse."""
+    root = new_store(tmp_path / "store")
+    noise = [0.001, -0.002, 0.0, 0.002, -0.001]
+    dense = [0.30, 0.28, 0.33, 0.31, 0.29]
+    run_ids = []
+    for family, shift in (("dense", 0.0), ("lidas", -0.05), ("looped", 0.04)):
+        for seed, tvd in enumerate(dense):
+            run_ids.append(f"{family}-{seed}")
+            write_run(root, run_ids[-1], family, "tiny", seed,
+                      {"regbench_tvd": tvd + shift + (noise[seed] if shift else 0), **NGRAMS})
+    write_sweep(root, "demo", run_ids, "2025-01-01T00:00:00", [])
+    return root
+
+
+def section(report: str, heading: str) -> str:
+    return report.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_headline_comes_first_and_matches_the_comparisons_table(store):
+    report = write_report(store, "demo").read_text()
+    assert report.index("## Headline") < report.index("## Setup") < report.index("## Results per metric")
+    claims = [HEADLINE.match(line) for line in section(report, "Headline").splitlines() if line.startswith("- ")]
+    assert len(claims) == 4 and all(claims)
+    rows = markdown_table(report, "### RegBench TVD (confirmatory, Holm)")
+    comparisons = analyse(store, "demo").comparisons.set_index(["family", "size", "metric"])
+    for claim in claims:
+        family, size, difference, seeds, p = claim.groups()
+        row = next(r for r in rows if (r["family"], r["size"]) == (family, size))
+        assert (row["difference [95% CI]"], row["seeds"], row["adjusted p"]) == (difference, f"{seeds} seeds",
+                                                                                 f"{p} (Holm)")
+        expected = comparisons.loc[(family, size, "regbench_tvd")]
+        assert float(difference.split()[0]) == pytest.approx(-expected["diff_mean"], rel=1e-3)  # lower is better
+        assert float(p) == pytest.approx(expected["p_holm"], rel=1e-2)
+        assert (row["verdict"] == "inconclusive") == claim.group(0).startswith("- No decision yet")
+
+
+def test_headline_states_decisive_claims(decisive_store):
+    report = write_report(decisive_store, "demo").read_text()
+    lines = section(report, "Headline").splitlines()
+    comparisons = analyse(decisive_store, "demo").comparisons.set_index("family")
+    assert lines[1].startswith("- lidas beats dense on RegBench TVD at tiny: -0.05 [")
+    assert lines[2].startswith("- looped is worse than dense on RegBench TVD at tiny: +0.04 [")
+    for line, family in zip(lines[1:3], ("lidas", "looped")):
+        assert HEADLINE.match(line).group(4) == "5"
+        assert f"Holm p = {comparisons.loc[family, 'p_holm']:.3g}." in line
+    assert "- **Seeds needed:** none; every confirmatory comparison has a verdict." in report
+
+
+def test_how_sure_are_we(store):
+    report = write_report(store, "demo").read_text()
+    sure = section(report, "How sure are we")
+    assert "- **Single-seed cells:** none; every model cell has at least 2 seeds." in sure
+    # 2 / 2^3 = 0.25; with m = 4, a sign-flip p can only reach 0.05 once 4 * 2 / 2^n < 0.05: n = 8
+    assert "0.25 with 3 seeds, 1 after Holm over m = 4. It can reach alpha = 0.05 after Holm only from 8 seeds." in sure
+    assert ("Holm over m = 4 confirmatory comparisons: metrics regbench_tvd; lidas, looped against dense;"
+            " sizes small, tiny") in sure
+    assert "The other 8 comparisons (regbench_acc, train_flops) are exploratory" in sure
+    comparisons = analyse(store, "demo").comparisons
+    undecided = comparisons[(comparisons["correction"] == "holm") & (comparisons["verdict"] == "inconclusive")]
+    needed = {row["comparison"]: row["seeds at the observed noise"]
+              for row in markdown_table(sure, "- **Seeds needed**")}
+    assert needed == {f"{r.family} vs dense, RegBench TVD, {r.size}": str(r.seeds_needed)
+                      for r in undecided.itertuples()}
+
+
+def test_columns_of_the_hierarchical_bootstrap_are_used_when_present(store):
+    analysis = analyse(store, "demo")
+    comparisons = analysis.comparisons.assign(hb_low=analysis.comparisons["ci_low"] - 0.01,
+                                              hb_high=analysis.comparisons["ci_high"] + 0.01)
+    cells = analysis.cells.assign(n_items=200, item_se=0.004)
+    report = render_markdown(replace(analysis, comparisons=comparisons, cells=cells))
+    rows = markdown_table(report, "### RegBench TVD (confirmatory, Holm)")
+    row = next(r for r in rows if (r["family"], r["size"]) == ("lidas", "tiny"))
+    lidas = comparisons[(comparisons["family"] == "lidas") & (comparisons["size"] == "tiny")
+                        & (comparisons["metric"] == "regbench_tvd")].iloc[0]
+    low, high = (float(x) for x in row["hierarchical CI"].strip("[]").split(", "))
+    assert (low, high) == (pytest.approx(-lidas["hb_high"], rel=1e-3), pytest.approx(-lidas["hb_low"], rel=1e-3))
+    assert "**Hierarchical interval.**" in report
+    noise = markdown_table(report, "Evaluation noise against seed noise")
+    assert noise[0] == {"family": "dense", "metric": "RegBench TVD", "where": "small", "items": "200",
+                        "item SE": "0.004", "seed std": noise[0]["seed std"]}
+    assert "hierarchical CI" not in render_markdown(analysis) and "Evaluation noise" not in render_markdown(analysis)
+
+
+def without_images(page: str) -> str:
+    return re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", page)
+
+
+def test_html_is_self_contained_with_every_plot_embedded(store):
+    path = write_report(store, "demo")
+    report, page = path.read_text(), path.with_suffix(".html").read_text()
+    text = without_images(page)
+    assert "http" not in text and "<link" not in text and "<script" not in text and "src=\"plots" not in text
+    linked = re.findall(r"!\[[^\]]*\]\((plots/[^)]+\.png)\)", report)
+    embedded = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', page)
+    assert len(linked) == len(embedded) == 4  # no history.parquet in this store: no loss curves
+    assert [base64.b64decode(data) for data in embedded] == [(path.parent / link).read_bytes() for link in linked]
+
+
+def test_html_has_the_content_of_the_markdown(store):
+    path = write_report(store, "demo")
+    report, page = path.read_text(), without_images(path.with_suffix(".html").read_text())
+    assert page.count("<table>") == report.count("\n|---")
+    assert page.count("<li>") == sum(line.startswith("- ") for line in report.splitlines())
+    assert page.count("<h3>") == sum(line.startswith("### ") for line in report.splitlines())
+    for line in section(report, "Headline").strip().splitlines():
+        assert f"<li>{html.escape(line[2:])}</li>" in page
+    assert "**" not in page and "|---" not in page and "`" not in page
+    assert "<blockquote><p><strong>Warning:</strong> looped at tiny does not beat" in page
+
+
+def test_render_html_converts_the_emitted_markdown():
+    markdown = ("# Sweep `a`: results\n\n- **Runs:** 3 < 4\n- two\n\n| family | x |\n|---|---|\n"
+                "| *ref* | a \\| b |\n\n> **Warning:** careful\n\nline one\nline two\n\n![plot](plots/p.png)\n")
+    page = render_html(markdown, {"plots/p.png": b"PNG"})
+    assert "<title>Sweep a: results</title>" in page and "<h1>Sweep <code>a</code>: results</h1>" in page
+    assert "<ul>\n<li><strong>Runs:</strong> 3 &lt; 4</li>\n<li>two</li>\n</ul>" in page
+    assert "<thead><tr><th>family</th><th>x</th></tr></thead>" in page
+    assert "<tr><td><em>ref</em></td><td>a | b</td></tr>" in page
+    assert "<blockquote><p><strong>Warning:</strong> careful</p></blockquote>" in page
+    assert "<p>line one line two</p>" in page
+    assert f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(b"PNG").decode()}">' in page
+    with pytest.raises(ValueError, match="not embedded"):
+        render_html("![plot](plots/missing.png)\n", {})

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import (SEEDS_MAX, adjust_pvalues, bootstrap_ci, cell_keys, compare, holm, p_min_mannwhitney,
-                      p_min_signflip, seeds_needed, sigma_upper, stable_rng, summarize)
+from analysis import (SEEDS_MAX, adjust_pvalues, bootstrap_ci, cell_keys, compare, holm, multibootstrap,
+                      p_min_mannwhitney, p_min_signflip, seeds_needed, sigma_upper, stable_rng, summarize)
 
 TOL = 1e-4
 EXAMPLE_A = {"lidas": [0.18, 0.20, 0.19], "dense": [0.12, 0.11, 0.13]}
@@ -360,3 +360,65 @@ def test_p_min_signflip(n, p):
 def test_p_min_mannwhitney():
     assert p_min_mannwhitney(3, 3) == approx(0.10)
     assert p_min_mannwhitney(4, 4) == pytest.approx(0.029, abs=1e-3)
+
+
+# ---- (c) item-level columns of summarize and compare -------------------------------------------
+
+def items_for(values: dict, n_items: int = 40, metric: str = "gsm8k", size: str = "tiny") -> pd.DataFrame:
+    """Binary per-item outputs whose mean is each run's value in `values` (as frame() lays them out)."""
+    rows = []
+    for family, vs in values.items():
+        for seed, value in enumerate(vs):
+            correct = np.arange(n_items) < round(value * n_items)
+            rows += [{"run_id": f"{family}-{size}-{seed}", "family": family, "size": size, "seed": seed,
+                      "metric": metric, "item_id": i, "score": float(c), "weight": 1.0}
+                     for i, c in enumerate(np.roll(correct, seed))]
+    return pd.DataFrame(rows)
+
+
+HB = ["hb_low", "hb_high", "hb_p", "hb_se_seeds", "hb_se_items"]
+EXAMPLE_A_ITEMS = {"lidas": [0.2, 0.2, 0.175], "dense": [0.125, 0.1, 0.125]}  # Example A, 40 items a run
+
+
+def test_compare_without_items_has_nan_hierarchical_columns():
+    table = compare(frame(EXAMPLE_A), primary_metrics=("gsm8k",))
+    at = list(table.columns).index("dz")
+    assert list(table.columns[at:at + 7]) == ["dz", *HB, "sigma"]
+    assert table[HB].isna().all().all()
+
+
+def test_compare_with_items_matches_multibootstrap():
+    df, items = frame(EXAMPLE_A_ITEMS), items_for(EXAMPLE_A_ITEMS)
+    row = one(compare(df, primary_metrics=("gsm8k",), items=items, n_boot=500))
+    hb = multibootstrap(items, "lidas", "dense", higher_is_better=True, n_boot=500)
+    for column in HB:
+        assert row[column] == hb[column]
+    assert hb["hb_diff_mean"] == approx(row["diff_mean"], 1e-12)  # the items reproduce the run metrics
+    assert row["hb_low"] < row["diff_mean"] < row["hb_high"] and 0 < row["hb_p"] < 1
+    assert row["hb_se_items"] > 0 and row["hb_se_seeds"] > 0
+
+
+def test_compare_items_only_fill_their_own_metric_and_cell():
+    df = pd.concat([lr_sweep(), lr_sweep(metric="regbench_tvd", higher_is_better=False)], ignore_index=True)
+    df["run_id"] = df["family"] + "-tiny-" + df["seed"].astype(str) + "-" + df[LR].astype(str)
+    items = items_for(EXAMPLE_A_ITEMS)
+    items["run_id"] = items["run_id"] + "-0.001"  # the lr comes from df, by run_id
+    table = compare(df, primary_metrics=("gsm8k",), items=items, n_boot=200)
+    filled = table[HB].notna().all(axis=1)
+    assert list(table.loc[filled, "metric"]) == ["gsm8k"] and list(table.loc[filled, LR]) == [0.001]
+    assert table.loc[~filled, HB].isna().all().all()
+    with pytest.raises(ValueError, match="run_id to look them up"):
+        compare(df.drop(columns="run_id"), items=items)
+
+
+def test_summarize_item_noise():
+    df, items = frame(EXAMPLE_A_ITEMS), items_for(EXAMPLE_A_ITEMS)
+    cells = summarize(df, items=items)
+    assert list(cells.columns[-3:]) == ["n_items", "item_se", "iqm"]
+    lidas = one(cells, family="lidas")
+    p = np.array(EXAMPLE_A_ITEMS["lidas"])
+    assert lidas["n_items"] == 40 and lidas["item_se"] == approx(math.sqrt(np.mean(p * (1 - p) / 40)), 1e-12)
+    plain = summarize(df)
+    assert plain["n_items"].isna().all() and plain["item_se"].isna().all()
+    pd.testing.assert_frame_equal(plain.drop(columns=["n_items", "item_se"]),
+                                  cells.drop(columns=["n_items", "item_se"]))

@@ -143,3 +143,25 @@ def test_ctrl_c_marks_jobs_interrupted_and_the_same_command_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     state = json.loads(state_file.read_text())
     assert state["status"] == "done" and state["jobs"]["train"]["attempts"] == 2
+
+
+def test_adaptive_sweep_runs_declared_looks_and_records_each(tmp_path):
+    root = tmp_path / "store"
+    done = sweep(root, "size=micro", "family=lidas,dense", "adaptive.metric=regbench_tvd",
+                 "adaptive.max_seeds=4", "adaptive.looks=[2,3]", "adaptive.delta_min=0.001",
+                 "cluster.num_cpus=2", name="adaptive")
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    spec = yaml.safe_load((root / "sweeps" / "adaptive" / "sweep.yaml").read_text())
+    looks = spec["looks"]
+    assert [look["look"] for look in looks] == list(range(1, len(looks) + 1))
+    assert [look["n_seeds"] for look in looks] == [2, 3, 4][:len(looks)]
+    assert all(look["level"] == pytest.approx(1 - 0.05 / 3) for look in looks)
+    assert all(look["decision"] == "continue" for look in looks[:-1])
+    assert looks[-1]["decision"] != "continue"
+    assert len(spec["run_ids"]) == 2 * looks[-1]["n_seeds"]
+    seeds = {yaml.safe_load((root / "runs" / r / "config.yaml").read_text())["seed"] for r in spec["run_ids"]}
+    assert seeds == set(range(looks[-1]["n_seeds"]))
+    report = (root / "sweeps" / "adaptive" / "report.md").read_text()
+    assert "## Looks (adaptive seeding)" in report and looks[-1]["decision"] in report
+    cells = analysis.read_results(root / "sweeps" / "adaptive" / "results.parquet", "cells")
+    assert cells["ci_level"].astype(float).round(6).eq(round(1 - 0.05 / 3, 6)).all()

@@ -154,7 +154,7 @@ def evaluate(data_cfg: DataConfig, eval_cfg: Mapping[str, Any],
     return _summaries(scores, eval_set)
 
 
-@evaluation("regbench")
+@evaluation("regbench", metrics=("regbench_tvd", "regbench_l1_ref", "regbench_acc"))
 def regbench(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's final checkpoint on the held-out automata."""
     model = load_model(cfg, run_dir)
