@@ -879,10 +879,12 @@ def write_report(store_root: str | Path, sweep: str, options: AnalysisOptions | 
 
 
 def save_report(analysis: Analysis, store_root: str | Path) -> Path:
-    """Write an analysis computed earlier (the CLI also prints it): results.parquet, plots/, report.md
-    and report.html; returns report.md's path."""
+    """Write an analysis computed earlier (the CLI also prints it): results.parquet (and .csv),
+    plots/, report.md and report.html; returns report.md's path."""
     directory = Path(store_root) / "sweeps" / analysis.sweep
-    _write_atomic(directory / "results.parquet", results_table(analysis).to_parquet(index=False))
+    results = results_table(analysis)
+    _write_atomic(directory / "results.parquet", results.to_parquet(index=False))
+    _write_atomic(directory / "results.csv", results.to_csv(index=False).encode())  # for spreadsheets
     figures = _plots(analysis)
     images = _save_plots(figures, directory / "plots")
     markdown = render_markdown(analysis, figures)

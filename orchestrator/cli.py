@@ -169,6 +169,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         counts: Counter = Counter()
         for rid in sweep["run_ids"]:
             state = store.read_state(rid)
+            if state["status"] == "running" and not store.is_claimed(rid):
+                state["status"] = "stale"  # its process died without a word; the next sweep resumes it
             counts[state["status"]] += 1
             try:
                 cfg = store.read_config(rid)

@@ -63,6 +63,10 @@ def test_sweep_writes_every_run_and_a_report_that_matches_the_metrics(micro_stor
         assert tvd.loc[family, "mean"] == pytest.approx(sum(values) / 2, abs=1e-12)
     report = (root / "sweeps" / "e2e" / "report.md").read_text()
     assert "in-context unigram" in report and "lidas" in report
+    csv = pd.read_csv(root / "sweeps" / "e2e" / "results.csv")
+    assert set(csv["table"]) == {"runs", "cells", "comparisons"}
+    html = (root / "sweeps" / "e2e" / "report.html").read_text()
+    assert "data:image/png;base64," in html and "http" not in html.replace("data:image", "")
     assert f"{tvd.loc['dense', 'mean']:.4f}" in report
     assert "report:" in out
 
