@@ -45,7 +45,7 @@ EXACT_PERMUTATIONS = 100_000  # enumerate sign flips exactly while 2^n stays bel
 POOL_BELOW_DF = 2  # a cell with fewer than 3 pairs borrows its seed noise from the other sizes
 # Config keys that never split cells: family.* only exists for its own family (family.growth.alpha is
 # NaN for dense), and the rest say where and how a run ran, which cannot change its results.
-NON_CELL_PREFIXES = ("family.", "store.", "cluster.", "resources.", "eval.resources.")
+NON_CELL_PREFIXES = ("family.", "store.", "cluster.", "resources.", "eval.resources.", "tracker.", "adaptive.")
 NON_CELL_KEYS = ("train.max_retries", "train.checkpoint_every")
 
 # Degenerate inputs (identical values, two seeds) make scipy warn and return NaN or a zero-width

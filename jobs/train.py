@@ -135,7 +135,8 @@ def train(
                              "n_layers": model.depth, "ancestors": model.ancestors}, run_dir)
         if logging_now and progress is not None:
             progress({"step": done, "total_steps": total, "loss": row["loss"], "lr": lr,
-                      "n_layers": model.depth, "tokens_per_s": (run["tokens"] - resumed_tokens) / elapsed,
+                      "n_layers": model.depth, "tokens": run["tokens"], "flops": run["flops"],
+                      "tokens_per_s": (run["tokens"] - resumed_tokens) / elapsed,
                       "elapsed_s": elapsed, "eta_s": (total - done) * elapsed / (done - resumed_at)})
 
     return {

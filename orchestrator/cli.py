@@ -1,4 +1,4 @@
-"""`python -m orchestrator sweep|status|report`.
+"""`python -m orchestrator sweep|status|report|wandb-sync`.
 
 Exit codes: 0 success, 1 a runtime problem (failed runs, store trouble), 2 bad input (nothing was
 started or written), 130 interrupted (the same command resumes)."""
@@ -14,6 +14,7 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
+from . import tracking
 from .config import ConfigError
 from .store import FAILED, Store, StoreError
 
@@ -62,6 +63,7 @@ def _run(runs: list, store: Store, name: str, overrides: list[str]) -> dict[str,
     store.create()
     for r in runs:
         store.write_config(r.run_id, r.config)
+    tracking.tag_sweep([r.config for r in runs], name)  # the jobs' W&B group, not in config.yaml
     store.record_sweep(name, overrides, [r.run_id for r in runs])
     console.print(f"sweep [bold]{name}[/]: {len(runs)} runs, {sum(r.cached for r in runs)} "
                   f"cached, store {store.root}")
@@ -137,6 +139,9 @@ def _report(store: Store, name: str) -> int:
     path = analysis.save_report(result, store.root)
     console.print(analysis.render_summary(result))
     console.print(f"report: {path}")
+    if logged := tracking.log_sweep(store, name, result):  # W&B sweep summary; never raises
+        console.print(f"W&B: sweep summary logged as run {logged} "
+                      f"under {store.root / tracking.WANDB_DIR}")
     return 0
 
 
@@ -188,6 +193,33 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_wandb_sync(args: argparse.Namespace) -> int:
+    """Upload a sweep's offline W&B runs: `wandb sync` on their run directories."""
+    import subprocess
+
+    store = Store(args.store)
+    store.check()
+    dirs = tracking.offline_runs(store, args.sweep)
+    where = store.root / tracking.WANDB_DIR
+    if not dirs:
+        console.print(f"sweep {args.sweep}: no offline W&B runs under {where}; nothing to upload")
+        return 0
+    command = tracking.sync_command(dirs)
+    console.print(f"sweep {args.sweep}: {len(dirs)} offline W&B run directories to upload: "
+                  f"{' '.join(command)}", soft_wrap=True)
+    problem = tracking.unreachable()
+    if problem:
+        raise RuntimeError(f"{problem}; nothing uploaded, the runs stay under {where} "
+                           f"(rerun `wandb-sync {args.sweep}` when online)")
+    code = subprocess.run(command).returncode
+    if code:
+        raise RuntimeError(f"wandb sync exited with {code} (see its output above; `wandb login` "
+                           f"if it asks for an API key); rerunning uploads what is left")
+    console.print(f"sweep {args.sweep}: wandb sync done ({len(dirs)} run directories; those "
+                  f"synced before were skipped)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m orchestrator", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("sweep", nargs="?", help="sweep name (default: all / the latest)")
         p.add_argument("--store", default="outputs", help="store root (default: outputs)")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("wandb-sync", help="upload a sweep's offline W&B runs (wandb sync)")
+    p.add_argument("sweep", help="sweep name")
+    p.add_argument("--store", default="outputs", help="store root (default: outputs)")
+    p.set_defaults(fn=cmd_wandb_sync)
     return parser
 
 

@@ -3,6 +3,7 @@ express. Everything a bad override can get wrong fails here, as one `ConfigError
 job starts or any file is written."""
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,19 @@ class AdaptiveConfig:
 
 
 @dataclass
+class TrackerConfig:
+    """Weights & Biases (orchestrator/tracking.py); not part of the run id."""
+    enabled: Optional[bool] = None         # null: on when the wandb package is importable
+    project: str = "depthgrowth"
+    entity: Optional[str] = None
+    mode: Optional[str] = None             # null: $WANDB_MODE if set, else offline
+    log_every: Optional[int] = None        # steps between logged rows; null: train.log_every
+    init_timeout_s: float = 20.0
+    finish_timeout_s: float = 300.0
+    sweep: Optional[str] = None            # set by the CLI; W&B group <sweep>/<family>-<size>
+
+
+@dataclass
 class Config:
     seed: int = 0
     family: FamilyConfig = field(default_factory=FamilyConfig)
@@ -168,6 +182,7 @@ class Config:
     backend: BackendConfig = field(default_factory=BackendConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,7 +264,8 @@ def _schema_message(e: OmegaConfBaseException) -> str:
 # Derived values and value checks
 
 def _fill_derived(c: dict) -> None:
-    """Replace the family's nulls by the size's defaults, so the run id sees concrete values."""
+    """Replace the family's nulls by the size's defaults, so the run id sees concrete values (and
+    a null tracker.log_every by train.log_every)."""
     fam, model = c["family"], c["model"]
     b = model["block_size"]
     if fam["name"] == "lidas" and fam["growth"] is not None:
@@ -264,6 +280,8 @@ def _fill_derived(c: dict) -> None:
         if lp["loops"] is None and lp["block_layers"] > 0:
             middle = model["n_layers"] - lp["prelude_layers"] - lp["coda_layers"]
             lp["loops"] = middle // lp["block_layers"]
+    if c["tracker"]["log_every"] is None:
+        c["tracker"]["log_every"] = c["train"]["log_every"]
     if fam["name"] != "lidas":
         fam["growth"] = None
     if fam["name"] != "looped":
@@ -345,6 +363,7 @@ def _check(c: dict, catalog: Mapping[str, frozenset[str]]) -> None:
     if fam["name"] == "looped":
         _check_loop(fam["loop"], m)
     _check_data(d)
+    _check_tracker(c["tracker"], t)
     if catalog:
         for job in c["eval"]["jobs"]:
             _one_of("eval.jobs", job, sorted(set(catalog) - {"train"}))
@@ -386,6 +405,20 @@ def _check_loop(lp: Optional[dict], m: dict) -> None:
     _require(depth == m["n_layers"],
              f"family.loop: prelude {e} + block {k} x loops {r} + coda {dd} = {depth} layers, "
              f"but model.n_layers={m['n_layers']}; make them equal (same per-token FLOPs as dense)")
+
+
+def _check_tracker(tr: dict, t: dict) -> None:
+    _require(not (tr["enabled"] and importlib.util.find_spec("wandb") is None),
+             "tracker.enabled=true: the wandb package is not installed; "
+             "`pip install wandb==0.31.0` or use tracker=none")
+    if tr["mode"] is not None:
+        _one_of("tracker.mode", tr["mode"], ["offline", "online"])
+    _require(tr["log_every"] > 0 and tr["log_every"] % t["log_every"] == 0,
+             f"tracker.log_every={tr['log_every']}: must be a positive multiple of "
+             f"train.log_every={t['log_every']} (the trainer reports every train.log_every steps)")
+    _require(tr["init_timeout_s"] > 0 and tr["finish_timeout_s"] > 0,
+             f"tracker: init_timeout_s={tr['init_timeout_s']} and "
+             f"finish_timeout_s={tr['finish_timeout_s']} must be > 0")
 
 
 def _check_data(d: dict) -> None:

@@ -70,7 +70,7 @@ def expand(cli_overrides: list[str], catalog: Mapping[str, frozenset[str]]) -> t
     return points, default_sweep_name(grid)
 
 
-NOT_IN_NAME = ("store.", "cluster.")  # where a sweep runs and is stored does not name it
+NOT_IN_NAME = ("store.", "cluster.", "tracker")  # where a sweep runs, is stored and tracked does not name it
 
 
 def default_sweep_name(grid: dict[str, list[str]]) -> str:

@@ -9,6 +9,7 @@ from typing import Callable
 
 from jobs.registry import get_job
 
+from . import tracking
 from .store import DONE, Store, write_parquet
 
 
@@ -47,7 +48,9 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str) -> s
         store.write_config(run_id, cfg)
         store.start_job(run_id, job, jobs)
         run_dir = store.run_dir(run_id)
-        progress = _throttled(lambda p: store.write_progress(run_id, {"job": job, **p}))
+        tracker = tracking.open_run(cfg, run_id, job, store_root)  # W&B; never raises
+        progress = tracker.progress(
+            _throttled(lambda p: store.write_progress(run_id, {"job": job, **p})))
         try:
             result = get_job(job)(cfg, run_dir, progress)
             store.merge_metrics(run_id, result.metrics, result.higher_is_better, result.curves)
@@ -59,6 +62,9 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str) -> s
             last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
             where = f" at {last.filename.rsplit('/', 1)[-1]}:{last.lineno}" if last else ""
             store.end_job(run_id, job, jobs, error=f"{type(e).__name__}: {e}{where}")
+            tracker.finish(failed=True)
             raise
+        tracker.record(store.read_metrics(run_id))
         store.end_job(run_id, job, jobs)
+        tracker.finish()
     return DONE

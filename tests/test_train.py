@@ -73,7 +73,7 @@ def test_history_and_metrics(tmp_path):
     metrics = train(cfg, tmp_path, counting_batches, reports.append)
     state = latest_checkpoint(tmp_path)
     assert [r["step"] for r in reports] == list(range(2, 31, 2))
-    assert set(reports[0]) == {"step", "total_steps", "loss", "lr", "n_layers",
+    assert set(reports[0]) == {"step", "total_steps", "loss", "lr", "n_layers", "tokens", "flops",
                                "tokens_per_s", "elapsed_s", "eta_s"}
     assert [row["n_layers"] for row in state["history"]][::5] == [2, 4, 6]
     assert metrics["train_tokens"] == state["history"][-1]["tokens"] == 30 * BATCH * SEQ

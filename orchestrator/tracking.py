@@ -1,0 +1,326 @@
+"""Weights & Biases tracking: one W&B run per store run (its training and its evaluations), one
+`analysis` run per sweep report, offline unless asked otherwise, every file under <store>/wandb/.
+
+Tracking is never in the way of a job: wandb is imported only when tracking is on, and any W&B
+failure (missing package, unreachable server, missing key, an error while logging) is one
+`TrackingWarning` line, after which the job goes on untracked."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import os
+import re
+import socket
+import sys
+import urllib.parse
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import pandas as pd
+
+from .identity import run_label
+from .store import Store, now
+
+WANDB_DIR = "wandb"  # under the store root; W&B's own run directories, staging files and logs
+TRAIN_KEYS = ("loss", "lr", "n_layers", "tokens", "flops", "tokens_per_s")  # trainer's reports
+
+# Credentials never reach W&B: keys named like one, and values shaped like one (long hex such as a
+# W&B key, provider prefixes sk-/ghp_/hf_/xox*-/AKIA, JWTs, passwords inside URLs).
+SECRET_KEY = re.compile(r"key|token|secret|passw|auth|credential", re.IGNORECASE)
+SECRET_VALUE = re.compile(
+    r"(?<![0-9A-Fa-f])[0-9A-Fa-f]{32,}(?![0-9A-Fa-f])"
+    r"|\b(?:sk|pk|rk)-[\w-]{16,}"
+    r"|\b(?:ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf|xox[abprs])[_-][\w-]{16,}"
+    r"|\bAKIA[0-9A-Z]{16}\b"
+    r"|\beyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]{8,}"
+    r"|://[^/\s:@]+:[^/\s@]+@")
+
+Progress = Callable[[dict], None]
+_online_failed: set[str] = set()  # base URLs whose init failed in this process: go offline at once
+_dirs_set: dict[str, str] = {}     # the W&B directory variables this module set (a user's own win)
+_warnings_log: Optional[Path] = None  # <store>/wandb/warnings.log once a run was opened here
+
+
+class TrackingWarning(UserWarning):
+    """W&B trouble that tracking shrugged off."""
+
+
+def _warn(message: str) -> None:
+    """A warning, also appended to <store>/wandb/warnings.log: Ray does not forward the jobs'
+    output to the console (scheduler: log_to_driver=False)."""
+    warnings.warn(f"W&B: {message}", TrackingWarning, stacklevel=2)
+    if _warnings_log is not None:
+        with contextlib.suppress(OSError), open(_warnings_log, "a") as f:
+            f.write(f"{now()} pid {os.getpid()} {message}\n")
+
+
+def _first_line(e: BaseException) -> str:
+    return next((s.strip() for s in str(e).splitlines() if s.strip()), type(e).__name__)
+
+
+def _guarded(fallback: Callable[[], Any]) -> Callable:
+    """Tracking never fails a job or a report: an unexpected error is a warning and `fallback()`."""
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001
+                _warn(f"{fn.__name__} failed ({type(e).__name__}: {_first_line(e)}); not tracked")
+                return fallback()
+        return guarded
+    return wrap
+
+
+def enabled(tracker: Mapping) -> bool:
+    """`tracker.enabled`, where null means: whenever the wandb package is importable."""
+    if tracker["enabled"] is None:
+        return importlib.util.find_spec("wandb") is not None
+    return bool(tracker["enabled"])
+
+
+def is_secret(value: Any) -> bool:
+    return isinstance(value, str) and SECRET_VALUE.search(value) is not None
+
+
+def redact(value: Any) -> Any:
+    """`value` without the entries whose key or value looks like a credential (recursively)."""
+    if isinstance(value, Mapping):
+        return {k: redact(v) for k, v in value.items()
+                if not SECRET_KEY.search(str(k)) and not is_secret(v)}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value if not is_secret(v)]
+    return value
+
+
+def _table(df: pd.DataFrame) -> Any:
+    """A wandb.Table of `df`, redacted like the config; NaN and NA become empty cells."""
+    import wandb
+
+    df = df[[c for c in df.columns if not SECRET_KEY.search(str(c))]].astype(object)
+    df = df.where(df.notna(), None).map(lambda v: None if is_secret(v) else v)
+    return wandb.Table(dataframe=df, allow_mixed_types=True)
+
+
+def _is_columns(curve: Any) -> bool:
+    return (isinstance(curve, Mapping) and bool(curve)
+            and all(isinstance(v, list) for v in curve.values())
+            and len({len(v) for v in curve.values()}) == 1)
+
+
+class Tracker:
+    """One W&B run, or nothing: without a run (tracking off, or a W&B call failed) every method
+    does nothing."""
+
+    def __init__(self, run: Any = None, log_every: int = 1, train: bool = False):
+        self._run, self._log_every, self._train = run, log_every, train
+
+    @property
+    def active(self) -> bool:
+        return self._run is not None
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> None:
+        if self._run is None:
+            return
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - W&B may raise anything; tracking must not
+            _warn(f"{what} failed ({_first_line(e)}); this run is no longer tracked")
+            run, self._run = self._run, None
+            if what != "finish":
+                with contextlib.suppress(Exception):
+                    run.finish(exit_code=1)
+
+    def log(self, row: Mapping | Callable[[], Mapping], step: Optional[int] = None) -> None:
+        """Log a row; a callable row is built inside the guard (tables and images can fail too)."""
+        self._call("log", lambda: self._run.log(dict(row() if callable(row) else row), step=step))
+
+    def progress(self, report: Progress) -> Progress:
+        """`report`, and for a training job each `tracker.log_every`-th row (and the last) logged
+        as train/<key> at W&B step = training step. A retried job repeats the steps since its
+        last checkpoint, with bit-identical values."""
+        if not (self._train and self.active):
+            return report
+
+        def tracked(p: dict) -> None:
+            step = p.get("step")
+            if step is not None and (step % self._log_every == 0 or step == p.get("total_steps")):
+                self.log({f"train/{k}": p[k] for k in TRAIN_KEYS if k in p}, step=step)
+            report(p)
+        return tracked
+
+    def record(self, metrics: Mapping) -> None:
+        """The store's metrics.json of the run into the summary, column-shaped curves (the TVD by
+        context) as tables. Every job sends all of it, so whichever offline session of the run is
+        synced last leaves the complete summary."""
+        def values() -> dict:
+            out = dict(metrics.get("metrics", {}))
+            for name, curve in metrics.get("curves", {}).items():
+                out[f"curves/{name}"] = _table(pd.DataFrame(curve)) if _is_columns(curve) else curve
+            return out
+        self._call("summary", lambda: self._run.summary.update(values()))
+
+    def finish(self, failed: bool = False) -> None:
+        self._call("finish", lambda: self._run.finish(exit_code=1 if failed else 0))
+        self._run = None
+
+
+def _keep_in(wandb_dir: Path) -> None:
+    """W&B's staging copies (tables, images; the offline records point at them) and its service
+    logs go with the store instead of ~/.local/share and ~/.cache, so `wandb-sync` finds them
+    wherever the store goes. A WANDB_DATA_DIR / WANDB_CACHE_DIR set by the user wins."""
+    for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache")):
+        if os.environ.get(var) in (None, _dirs_set.get(var)):
+            os.environ[var] = _dirs_set[var] = str(wandb_dir / sub)
+
+
+def _init(tracker: Mapping, root: Path, **run: Any) -> Any:
+    """wandb.init under `root`/wandb with short timeouts; an online init that fails falls back to
+    offline, any other failure gives None. W&B's system metadata (command line, host details,
+    git state, environment), system metrics, code and console are not collected."""
+    global _warnings_log
+    root = root.resolve()
+    (root / WANDB_DIR).mkdir(parents=True, exist_ok=True)
+    _warnings_log = root / WANDB_DIR / "warnings.log"
+    try:
+        import wandb
+    except ImportError as e:
+        _warn(f"not installed ({_first_line(e)}); {run['name']} is not tracked")
+        return None
+    _keep_in(root / WANDB_DIR)
+    mode = tracker["mode"] or os.environ.get("WANDB_MODE") or "offline"
+    online = mode in ("online", "run")
+    if online and _base_url() in _online_failed:
+        mode, online = "offline", False
+    settings = dict(init_timeout=tracker["init_timeout_s"],
+                    finish_timeout=tracker["finish_timeout_s"], silent=True, console="off",
+                    save_code=False, disable_git=True, x_disable_meta=True, x_disable_stats=True)
+    for attempt in [mode] + (["offline"] if online else []):
+        try:
+            return wandb.init(project=tracker["project"], entity=tracker["entity"],
+                              dir=str(root), mode=attempt, resume="allow",
+                              settings=wandb.Settings(**settings), **run)
+        except Exception as e:  # noqa: BLE001 - W&B may raise anything; tracking must not
+            fallback = attempt != "offline" and online
+            if fallback:
+                _online_failed.add(_base_url())
+                wandb.teardown()  # the failed run still holds its id in W&B's service
+            then = "logging offline (upload later with `wandb-sync`)" if fallback else "not tracked"
+            _warn(f"{attempt} init of {run['name']} failed ({_first_line(e)}); {then}")
+    return None
+
+
+@_guarded(Tracker)
+def open_run(cfg: Mapping, run_id: str, job: str, store_root: str | Path) -> Tracker:
+    """The W&B run of store run `run_id`, opened or resumed (id = run id) for `job`.
+
+    One W&B run holds a training run and all its evaluations (job type `train`): its curves, its
+    evaluation metrics and tables sit side by side, and a retried or resumed job continues it."""
+    t = cfg["tracker"]
+    if not enabled(t):
+        return Tracker()
+    family, size = cfg["family"]["name"], cfg["model"]["name"]
+    cell = f"{family}-{size}"
+    config = {**redact({k: v for k, v in cfg.items() if k != "tracker"}), "run_id": run_id}
+    run = _init(t, Path(store_root), id=run_id, name=run_label(cfg), job_type="train",
+                group=f"{t['sweep']}/{cell}" if t["sweep"] else cell, config=config,
+                tags=[f"family={family}", f"size={size}", f"seed={cfg['seed']}",
+                      f"backend={cfg['backend']['name']}"])
+    return Tracker(run, t["log_every"], train=job == "train")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps
+
+def tag_sweep(configs: list[dict], name: str) -> None:
+    """Tell each run's jobs their sweep (the W&B group). Done after config.yaml is written, so a
+    run shared by sweeps does not differ in config by the sweep that first wrote it; the run id
+    ignores `tracker` anyway."""
+    for c in configs:
+        c["tracker"]["sweep"] = name
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _analysis_prefix(sweep: str) -> str:
+    return f"sweep-{_digest(sweep)[:8]}-"
+
+
+def _sweep_tracker(store: Store, sweep: str) -> dict:
+    """The tracker section of the sweep's latest invocation (its recorded `tracker` overrides)."""
+    from .config import compose_run, hydra_session
+
+    overrides = [o for o in store.read_sweep(sweep).get("overrides", [])
+                 if re.split(r"[.=]", o.lstrip("+~"), maxsplit=1)[0] == "tracker"]
+    with hydra_session():
+        return compose_run(overrides)["tracker"]
+
+
+@_guarded(lambda: None)
+def log_sweep(store: Store, sweep: str, analysis: Any) -> Optional[str]:
+    """The sweep's analysis run (job type `analysis`, group = the sweep): the cells and
+    comparisons tables and the report's plots. Its id is a digest of the tables, so a report
+    that did not change is not logged twice. Returns the W&B run id when something was logged."""
+    t = _sweep_tracker(store, sweep)
+    if not enabled(t):
+        return None
+    tables = {"cells": analysis.cells, "comparisons": analysis.comparisons}
+    run_id = _analysis_prefix(sweep) + _digest("".join(df.to_csv() for df in tables.values()))[:8]
+    if any((store.root / WANDB_DIR).glob(f"*-{run_id}")):
+        return None
+    spec = store.read_sweep(sweep)
+    config = redact({"sweep": sweep, "run_ids": spec["run_ids"],
+                     "options": dataclasses.asdict(analysis.options)})
+    tracker = Tracker(_init(t, store.root, id=run_id, name=f"{sweep}-analysis", group=sweep,
+                            job_type="analysis", tags=["analysis"], config=config))
+    if not tracker.active:
+        return None
+    import wandb
+
+    plots = sorted((store.sweep_dir(sweep) / "plots").glob("*.png"))
+    tracker.log(lambda: {**{name: _table(df) for name, df in tables.items()},
+                         **{f"plots/{p.stem}": wandb.Image(str(p)) for p in plots}})
+    logged = tracker.active
+    tracker.finish()
+    return run_id if logged else None
+
+
+def offline_runs(store: Store, sweep: str) -> list[Path]:
+    """The offline W&B run directories of a sweep: its runs' and its analysis runs', oldest
+    first (a resumed run has one directory per session, synced in order)."""
+    ids = set(store.read_sweep(sweep)["run_ids"])
+    prefix = _analysis_prefix(sweep)
+    dirs = [d for d in (store.root / WANDB_DIR).glob("offline-run-*-*") if d.is_dir()]
+    chosen = [d for d in dirs if (rid := d.name.split("-", 3)[3]) in ids or rid.startswith(prefix)]
+    return sorted(chosen)  # offline-run-<start time>-<id>
+
+
+def sync_command(dirs: list[Path]) -> list[str]:
+    """`wandb sync` over the run directories (already synced ones are skipped by wandb)."""
+    if importlib.util.find_spec("wandb") is None:
+        raise RuntimeError("the wandb package is not installed; `pip install wandb==0.31.0`")
+    return [sys.executable, "-m", "wandb", "sync", *map(str, dirs)]
+
+
+def _base_url() -> str:
+    import wandb
+
+    return wandb.setup().settings.base_url
+
+
+def unreachable(timeout_s: float = 5.0) -> Optional[str]:
+    """Why the W&B server cannot be reached (a TCP connection to its host), or None."""
+    url = _base_url()
+    parsed = urllib.parse.urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+    except OSError as e:
+        return f"cannot reach the W&B server {url} ({e.strerror or e})"
+    return None
