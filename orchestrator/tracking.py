@@ -30,7 +30,9 @@ TRAIN_KEYS = ("loss", "lr", "n_layers", "tokens", "flops", "tokens_per_s")  # tr
 
 # Credentials never reach W&B: keys named like one, and values shaped like one (long hex such as a
 # W&B key, provider prefixes sk-/ghp_/hf_/xox*-/AKIA, JWTs, passwords inside URLs).
-SECRET_KEY = re.compile(r"key|token|secret|passw|auth|credential", re.IGNORECASE)
+# Key names are matched by whole words, so `train_tokens` or `tokens_per_s` are kept.
+SECRET_KEY = re.compile(r"(?:^|[_.-])(?:api[_-]?key|key|token|secret|passw(?:or)?d|auth|authorization"
+                        r"|credentials?)(?:$|[_.-])", re.IGNORECASE)
 SECRET_VALUE = re.compile(
     r"(?<![0-9A-Fa-f])[0-9A-Fa-f]{32,}(?![0-9A-Fa-f])"
     r"|\b(?:sk|pk|rk)-[\w-]{16,}"
