@@ -298,9 +298,12 @@ def offline_runs(store: Store, sweep: str) -> list[Path]:
     first (a resumed run has one directory per session, synced in order)."""
     ids = set(store.read_sweep(sweep)["run_ids"])
     prefix = _analysis_prefix(sweep)
-    dirs = [d for d in (store.root / WANDB_DIR).glob("offline-run-*-*") if d.is_dir()]
-    chosen = [d for d in dirs if (rid := d.name.split("-", 3)[3]) in ids or rid.startswith(prefix)]
-    return sorted(chosen)  # offline-run-<start time>-<id>
+    # offline-run-<start time>-<id>[-N]/run-<id>.wandb: W&B adds -N when two sessions of a run start
+    # within the same second, so the id is read from the log file's name.
+    logs = (store.root / WANDB_DIR).glob("offline-run-*/run-*.wandb")
+    chosen = {f.parent for f in logs
+              if (rid := f.name[len("run-"):-len(".wandb")]) in ids or rid.startswith(prefix)}
+    return sorted(chosen)
 
 
 def sync_command(dirs: list[Path]) -> list[str]:

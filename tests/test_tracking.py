@@ -99,12 +99,14 @@ class Session:
 
 
 def sessions(root: Path, rid: str) -> list[Session]:
-    files = sorted((root / "wandb").glob(f"offline-run-*-{rid}/run-{rid}.wandb"))
+    files = sorted((root / "wandb").glob(f"offline-run-*/run-{rid}.wandb"))
     return [Session(p) for p in files]
 
 
 def run_ids_on_disk(root: Path) -> set[str]:
-    return {d.name.split("-", 3)[3] for d in (root / "wandb").glob("offline-run-*")}
+    """Ids from the run-<id>.wandb files (directory names get a -1 suffix when two sessions start
+    within the same second)."""
+    return {f.name[len("run-"):-len(".wandb")] for f in (root / "wandb").glob("offline-run-*/run-*.wandb")}
 
 
 def assert_nowhere(root: Path, *secrets: str) -> None:
