@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from collections import Counter
 from typing import Optional
@@ -16,6 +15,7 @@ from rich.table import Table
 
 from . import tracking
 from .config import ConfigError
+from .identity import run_id
 from .store import FAILED, Store, StoreError
 
 # Logs (CI, nohup) get a wide fixed width instead of rich's 80 columns, so tables stay readable.
@@ -71,8 +71,8 @@ def _run(runs: list, store: Store, name: str, overrides: list[str]) -> dict[str,
 
 
 def _with_seeds(configs: list[dict], seeds: range) -> list[dict]:
-    """Every distinct non-seed config of the grid, once per seed."""
-    distinct = {json.dumps({**c, "seed": 0}, sort_keys=True): c for c in configs}
+    """Every distinct non-seed config of the grid (by run identity), once per seed."""
+    distinct = {run_id({**c, "seed": 0}): c for c in configs}
     return [{**copy.deepcopy(c), "seed": s} for c in distinct.values() for s in seeds]
 
 

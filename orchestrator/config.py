@@ -367,10 +367,8 @@ def _check(c: dict, catalog: Mapping[str, frozenset[str]]) -> None:
     if catalog:
         for job in c["eval"]["jobs"]:
             _one_of("eval.jobs", job, sorted(set(catalog) - {"train"}))
-        metrics = frozenset().union(*(catalog[j] for j in ["train", *c["eval"]["jobs"]]))
-        _check_adaptive(c["adaptive"], metrics)
-    else:
-        _check_adaptive(c["adaptive"], frozenset())
+    metrics = frozenset().union(*(catalog[j] for j in ["train", *c["eval"]["jobs"]])) if catalog else frozenset()
+    _check_adaptive(c["adaptive"], metrics)
 
 
 def _check_growth(g: Optional[dict], m: dict, t: dict) -> None:
