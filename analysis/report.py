@@ -23,13 +23,15 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from rich.console import Group
 from rich.table import Table
+from scipy import stats
 
 from analysis import plots
 from analysis.load import (KEY_COLUMNS, VALUE_COLUMNS, load, load_curves, load_history, load_items, load_runs,
@@ -57,6 +59,7 @@ DECIDED = ("better", "worse", "equivalent")
 CONTEXT_CURVE, CONTEXT_X, CONTEXT_COUNT = "tvd_by_context", "n_context_strings", "n_positions"
 CONTEXT_X_LABEL = "strings of the instance's language already in the context"
 FLOPS = "train_flops"
+HEADS_CURVE, TOP_HEADS = "induction_heads", 3
 
 
 HB_FINAL = 10_000  # seed x item bootstrap resamples for a written report (statistics.md (c))
@@ -88,6 +91,7 @@ class Analysis:
     keys: tuple[str, ...]  # the config keys that split cells, beside family and size
     history: pd.DataFrame  # training logs, for the loss curves (`load_history`)
     curves: pd.DataFrame  # TVD by number of in-context strings (`load_curves`)
+    heads: pd.DataFrame = field(default_factory=pd.DataFrame)  # per-head induction scores (HEADS_CURVE)
 
 
 def options_for(spec: Mapping) -> AnalysisOptions:
@@ -115,7 +119,7 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
                             options.alpha, options.delta_min, options.seed, by=keys, items=items,
                             n_boot=HB_FINAL),
         options=options, keys=tuple(keys), history=load_history(store_root, sweep),
-        curves=load_curves(store_root, sweep, CONTEXT_CURVE))
+        curves=load_curves(store_root, sweep, CONTEXT_CURVE), heads=load_curves(store_root, sweep, HEADS_CURVE))
 
 
 def _nullable(table: pd.DataFrame) -> pd.DataFrame:
@@ -522,6 +526,39 @@ def _headline_section(analysis: Analysis) -> list[str]:
     return lines + [f"- {_headline(row, analysis)}" for _, row in rows.iterrows()]
 
 
+def _induction_section(analysis: Analysis) -> list[str]:
+    """The top induction heads of every run and, for LIDAS, the ancestry concentration per run with
+    Fisher's combination of the per-run p-values across seeds (conservative for discrete p)."""
+    heads = analysis.heads
+    if heads.empty or "score" not in heads.columns:
+        return []
+    rows = []
+    for (family, size, seed), run in heads.groupby(["family", "size", "seed"], sort=True):
+        top = run.sort_values("score", ascending=False, kind="stable").head(TOP_HEADS)
+        rows.append([family, size, str(seed), "; ".join(
+            f"L{r.layer}.H{r.head}" + (f" it{r.iteration}" if family == "looped" else "")
+            + (f" (from L{r.ancestor})" if family == "lidas" else "") + f" {_num(r.score)}"
+            for r in top.itertuples())])
+    lines = ["## Induction heads", "", f"Top {TOP_HEADS} heads per run by prefix-matching score (attention"
+             " mass from the second copy of a repeated random sequence onto the token after the earlier"
+             " occurrence; 1 = a perfect induction head). Looped heads are scored per iteration (it).", "",
+             *_md_table(["family", "size", "seed", "top heads"], rows)]
+    values = analysis.values.pivot_table(index=["family", "size", "seed"], columns="metric", values="value")
+    if "ancestry_p" not in values.columns:
+        return lines
+    anc = values.dropna(subset=["ancestry_p"]).reset_index()
+    table = [[r["size"], str(r["seed"]), _num(r["ancestry_top_in_best"]), _num(r["ancestry_chance"]),
+              _p(r["ancestry_p"])] for _, r in anc.iterrows()]
+    for size, group in anc.groupby("size"):
+        fisher = stats.chi2.sf(-2 * np.log(group["ancestry_p"].clip(lower=1e-300)).sum(), 2 * len(group))
+        table.append([size, f"all {len(group)} seeds (Fisher)", _num(group["ancestry_top_in_best"].mean()),
+                      _num(group["ancestry_chance"].mean()), _p(fisher)])
+    return lines + ["", "Ancestry (lidas): of the top-k heads, how many descend from their m most common"
+                    " ancestor heads of the initial network, against top-k sets drawn uniformly from all heads"
+                    " (exact p).", "", *_md_table(["size", "seed", "top-k heads from the best m ancestors",
+                                                    "chance mean", "p"], table)]
+
+
 # ---- figures ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -774,7 +811,7 @@ def render_markdown(analysis: Analysis, figures: list[Plot] | None = None) -> st
              "", "## Results per metric", ""]
     for metric in _metrics(analysis):
         lines += [*_metric_section(analysis, metric), ""]
-    lines += [*_comparison_section(analysis), *_figures_section(figures), "", *_how_sure(analysis), "",
+    lines += [*_induction_section(analysis), "", *_comparison_section(analysis), *_figures_section(figures), "", *_how_sure(analysis), "",
               *_failed_section(analysis), "", *_how_to_read(analysis)]
     return "\n".join(lines) + "\n"
 

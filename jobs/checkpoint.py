@@ -1,9 +1,12 @@
-"""Checkpoint files: written atomically, read with weights_only=True, newest readable one wins.
+"""Checkpoint files: written atomically, read with weights_only=True, newest sound one wins.
 
 A checkpoint holds only tensors and plain Python values, so loading never unpickles code.
-Files are run_dir/checkpoints/step_{step:07d}.pt, step = optimizer steps completed.
+Files are run_dir/checkpoints/step_{step:07d}.pt, step = optimizer steps completed, each with a
+digest sidecar (jobs/integrity.py) checked before loading; a bad file is quarantined and the
+previous one used.
 """
 
+import errno
 import logging
 import os
 import pickle
@@ -13,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from jobs import integrity
 from jobs.families import build_model
 from jobs.model import Decoder
 
@@ -60,12 +64,29 @@ def save_checkpoint(state: Mapping, run_dir: Path, keep: int = 2) -> Path:
     Files after it are dropped too: they can only be ones a resume skipped as unreadable.
     """
     path = checkpoint_dir(run_dir) / f"step_{state['step']:07d}.pt"
-    save_atomic(dict(state), path)
+    try:
+        save_atomic(dict(state), path)
+        integrity.write_digest(path)
+    except (OSError, RuntimeError) as error:
+        if not _disk_full(error):
+            raise
+        raise OSError(errno.ENOSPC, f"disk full writing checkpoint {path} (the previous "
+                      f"checkpoint is intact); free space or move store.root to a larger disk") from None
     paths = checkpoint_paths(run_dir)
     position = paths.index(path)
     for stale in paths[: max(0, position + 1 - keep)] + paths[position + 1 :]:
         stale.unlink(missing_ok=True)
+        integrity.sidecar(stale).unlink(missing_ok=True)
     return path
+
+
+def _disk_full(error: BaseException | None) -> bool:
+    """ENOSPC or EDQUOT, also behind the RuntimeError ("unexpected pos") of torch's zip writer."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -73,17 +94,26 @@ def load_checkpoint(path: Path) -> dict:
 
 
 def latest_checkpoint(run_dir: Path) -> dict | None:
-    """Contents of the newest checkpoint that loads; a truncated newer file is skipped."""
+    """Contents of the newest sound checkpoint; a newer file that fails its digest or does not
+    load is quarantined (jobs/integrity.py) with the reason, and the one before it is tried."""
     for path in reversed(checkpoint_paths(run_dir)):
-        try:
-            return load_checkpoint(path)
-        except UNREADABLE as error:
-            log.warning("skipping unreadable checkpoint %s: %s", path, error)
+        reason = integrity.problem(path, full=True)
+        if reason is None:
+            try:
+                return load_checkpoint(path)
+            except UNREADABLE as error:
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                reason = f"{path.name}: does not load ({first[:200]})"
+        log.warning("quarantining checkpoint %s: %s", path, reason)
+        integrity.quarantine(path, reason)
     return None
 
 
 def load_model(cfg: Mapping, run_dir: Path) -> Decoder:
     """The finished run's model on CPU in eval mode; refuses a run that has not finished."""
+    if cfg["backend"]["name"] == "nanotron":  # its final checkpoint, through the bridge
+        from jobs.nanotron.bridge import final_model
+        return final_model(cfg, run_dir).eval()
     state = latest_checkpoint(run_dir)
     steps = cfg["train"]["steps"]
     if state is None or state["step"] != steps:

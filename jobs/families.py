@@ -99,6 +99,20 @@ def build_optimizer(model: nn.Module, train_cfg: Mapping) -> torch.optim.AdamW:
     )
 
 
+def growth_window(n_layers: int, block: int) -> slice:
+    """The block_layers layers centred on the middle: the ones a LIDAS step duplicates."""
+    start = n_layers // 2 - block // 2
+    return slice(start, start + block)
+
+
+def growth_sources(n_layers: int, block: int) -> list[int]:
+    """For each layer after one LIDAS step, the layer it is (a copy of): the window is inserted
+    again right after itself. Used by `grow` and by checkpoint surgery (jobs/nanotron)."""
+    window = growth_window(n_layers, block)
+    order = list(range(n_layers))
+    return order[: window.stop] + order[window] + order[window.stop :]
+
+
 def grow(model: Decoder, optimizer: torch.optim.Optimizer, cfg: Mapping) -> torch.optim.AdamW:
     """LIDAS step: copy the block_layers layers centred on the middle and insert them right after.
 
@@ -111,12 +125,10 @@ def grow(model: Decoder, optimizer: torch.optim.Optimizer, cfg: Mapping) -> torc
     if mode not in ("copy", "reset"):
         raise ValueError(f"optimizer_state must be 'copy' or 'reset', got {mode!r}")
     block, layers = growth["block_layers"], list(model.layers)
-    start = len(layers) // 2 - block // 2
-    window = slice(start, start + block)
+    window, sources = growth_window(len(layers), block), growth_sources(len(layers), block)
     copies = [copy.deepcopy(layer) for layer in layers[window]]
     model.layers = nn.ModuleList(layers[: window.stop] + copies + layers[window.stop :])
-    ancestors = model.ancestors
-    model.ancestors = ancestors[: window.stop] + ancestors[window] + ancestors[window.stop :]
+    model.ancestors = [model.ancestors[i] for i in sources]
     model.plan = list(range(len(model.layers)))
 
     new_optimizer = build_optimizer(model, cfg["train"])

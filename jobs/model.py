@@ -3,6 +3,8 @@
 The unique layers live in `layers`; `plan` says in which order they are applied, so a looped
 model applies the same module several times and a dense or grown model applies each once.
 `ancestors[i]` is the layer of the initial network that layer i was copied from.
+Decoding passes a `KVCache`, which holds keys and values per application of a layer (a looped
+model's shared block gets one entry per loop), so generation costs one position per step.
 """
 
 from collections.abc import Mapping
@@ -26,6 +28,22 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return rotated.type_as(x)
 
 
+class KVCache:
+    """Keys and values of the positions seen so far, one entry per step of a decoder's plan."""
+
+    def __init__(self, n_steps: int):
+        self.keys: list[Tensor | None] = [None] * n_steps
+        self.values: list[Tensor | None] = [None] * n_steps
+        self.length = 0  # positions cached; advanced by Decoder.forward after all steps ran
+
+    def extend(self, step: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this step's new keys/values [B, kv_heads, T, head_dim]; return all of them."""
+        if self.keys[step] is not None:
+            k, v = torch.cat((self.keys[step], k), dim=2), torch.cat((self.values[step], v), dim=2)
+        self.keys[step], self.values[step] = k, v
+        return k, v
+
+
 class Attention(nn.Module):
     """Causal self-attention; n_kv_heads < n_heads shares each key/value head across a group."""
 
@@ -39,18 +57,29 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
+                cache: tuple[KVCache, int] | None = None) -> Tensor:
+        """`cache` = (the cache, this layer's step in the plan): x holds only the new positions."""
         batch, seq, _ = x.shape
         q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        heads = self.attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache[0].extend(cache[1], k, v)
+        heads = self.attend(q, k, v)
         return self.o_proj(heads.transpose(1, 2).reshape(batch, seq, -1))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Per-head outputs [B, n_heads, T, head_dim]; the one place that mixes positions."""
+        """Per-head outputs [B, n_heads, T_q, head_dim]; the one place that mixes positions.
+
+        The T_q queries are the last T_q of the T_k key positions (T_q < T_k when decoding with
+        a cache): query i sees keys up to T_k - T_q + i."""
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        causal = n_q == n_k
+        mask = None if causal else torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
         return F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads < self.n_heads
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_kv_heads < self.n_heads
         )
 
 
@@ -76,8 +105,9 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(d, eps=eps)
         self.mlp = SwiGLU(d, model_cfg["d_ff"])
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
+                cache: tuple[KVCache, int] | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -114,11 +144,21 @@ class Decoder(nn.Module):
         """Effective depth: layers applied per forward pass."""
         return len(self.plan)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """tokens [B, T] int64 -> logits [B, T, vocab] float32."""
+    def new_cache(self) -> KVCache:
+        """An empty cache for incremental decoding with this model's current plan."""
+        return KVCache(len(self.plan))
+
+    def forward(self, tokens: Tensor, cache: KVCache | None = None) -> Tensor:
+        """tokens [B, T] int64 -> logits [B, T, vocab] float32. With a cache, `tokens` are the
+        positions after those already in it, and the cache is extended by them."""
+        start = 0 if cache is None else cache.length
         seq = tokens.shape[1]
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        if start + seq > self.rope_cos.shape[0]:
+            raise ValueError(f"{start + seq} positions exceed model.max_seq_len={self.rope_cos.shape[0]}")
+        cos, sin = self.rope_cos[start:start + seq], self.rope_sin[start:start + seq]
         x = self.embed(tokens)
-        for index in self.plan:
-            x = self.layers[index](x, cos, sin)
+        for step, index in enumerate(self.plan):
+            x = self.layers[index](x, cos, sin, None if cache is None else (cache, step))
+        if cache is not None:
+            cache.length += seq
         return self.lm_head(self.norm(x)).float()

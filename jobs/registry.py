@@ -28,15 +28,19 @@ class JobResult:
 JobFn = Callable[[dict, Path, Progress], JobResult]
 EVALUATIONS: dict[str, JobFn] = {}
 METRICS: dict[str, frozenset[str]] = {"train": frozenset({"final_loss"})}  # outcome metrics per job
+DATA_KINDS: dict[str, frozenset[str]] = {}  # evaluation -> the data.kind values it runs on
 
 
-def evaluation(name: str, metrics: tuple[str, ...]) -> Callable[[JobFn], JobFn]:
-    """Register an evaluation job and the outcome metrics it records (checked in configs)."""
+def evaluation(name: str, metrics: tuple[str, ...],
+               data: tuple[str, ...] = ("regbench",)) -> Callable[[JobFn], JobFn]:
+    """Register an evaluation job, the outcome metrics it records and the data kinds it runs on
+    (both checked in configs)."""
     def register(fn: JobFn) -> JobFn:
         if name in EVALUATIONS:
             raise ValueError(f"evaluation {name!r} registered twice")
         EVALUATIONS[name] = fn
         METRICS[name] = frozenset(metrics)
+        DATA_KINDS[name] = frozenset(data)
         return fn
     return register
 
@@ -53,12 +57,29 @@ def catalog() -> dict[str, frozenset[str]]:
     return dict(METRICS)
 
 
+def data_kinds() -> dict[str, frozenset[str]]:
+    """Evaluation name -> the data.kind values it runs on."""
+    _discover()
+    return dict(DATA_KINDS)
+
+
+def train_stream(cfg: dict):
+    """The data.kind's training stream; `.batch(step)` is a pure function of (seed, step)."""
+    if cfg["data"]["kind"] == "arith":
+        from .data.arith import TrainStream
+    else:
+        from .data.regbench import TrainStream
+    return TrainStream(cfg["data"], cfg["seed"], cfg["train"]["batch_size"])
+
+
 def train_job(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
     """Train on the configured data stream; the stream is a pure function of (seed, step)."""
-    from .data.regbench import TrainStream
+    if cfg["backend"]["name"] == "nanotron":  # nanotron's trainer, stage by stage (jobs/nanotron)
+        from .nanotron.train import train_job as nanotron_train
+        return nanotron_train(cfg, run_dir, progress)
     from .train import train
 
-    stream = TrainStream(cfg["data"], cfg["seed"], cfg["train"]["batch_size"])
+    stream = train_stream(cfg)
     metrics = train(cfg, run_dir, stream.batch, progress)
     history = pd.DataFrame(metrics.pop("history"))
     curves = {"ancestors": metrics.pop("ancestors")}

@@ -4,6 +4,11 @@ Bit-identical resumes rest on three facts: the data is a pure function of the st
 rate is a function of the step, and everything else that evolves (weights, AdamW state, depth,
 the partly filled logging window) is in the checkpoint. Steps are counted from 0 when indexing
 `batches`; "step" in history and checkpoints is the number of optimizer steps completed.
+
+Under torchrun (a process group is initialised) the same loop trains with DDP: `batches(step)`
+is the global batch, each rank takes its rows, and the loss is scaled so that DDP's gradient
+average equals the gradient of the global batch's token mean. Rank 0 alone writes checkpoints
+and reports progress; every rank resumes from the same newest checkpoint.
 """
 
 import math
@@ -12,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -39,7 +45,22 @@ def resolve_device(cfg: Mapping) -> torch.device:
     if choice == "auto":
         wants_gpu = cfg["resources"]["gpus"] > 0 and torch.cuda.is_available()
         choice = "cuda" if wants_gpu else "cpu"
+    if choice == "cuda" and dist.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())  # set per rank by jobs.launch
     return torch.device(choice)
+
+
+def data_parallel() -> tuple[int, int]:
+    """(rank, world size): (0, 1) in the single-process path."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def wrap(model: Decoder) -> torch.nn.Module:
+    """The module the loss is computed with: DDP over `model` when data-parallel (rebuilt after
+    each growth step, since growth adds parameters), `model` itself otherwise."""
+    if not dist.is_initialized():
+        return model
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=None)
 
 
 def check_finite(losses: Tensor, first_step: int) -> None:
@@ -70,12 +91,17 @@ def restore(cfg: Mapping, run_dir: Path, device: torch.device) -> tuple[Decoder,
     return model, optimizer, run
 
 
-def train_step(model: Decoder, optimizer: torch.optim.Optimizer, inputs: Tensor, targets: Tensor,
-               grad_clip: float) -> Tensor:
-    """One optimizer step; returns the loss tensor without synchronising on it."""
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: Tensor,
+               targets: Tensor, grad_clip: float, scale: float = 1.0) -> Tensor:
+    """One optimizer step; returns the loss tensor without synchronising on it.
+
+    The loss is the token mean over these rows times `scale`; under DDP, scale = (tokens here /
+    tokens in the global batch) x world size, so the averaged gradient is the global mean's."""
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=inputs.is_cuda):
         logits = model(inputs)
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    if scale != 1.0:
+        loss = loss * scale
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
@@ -96,44 +122,61 @@ def train(
     """
     attempt_start = time.perf_counter()
     train_cfg, total = cfg["train"], cfg["train"]["steps"]
+    rank, world = data_parallel()
     device = resolve_device(cfg)
     model, optimizer, run = restore(cfg, run_dir, device)
+    module = wrap(model)
     stages = stage_schedule(cfg)
     grow_to = {stage.start_step: stage.n_layers for stage in stages}
     stage_ends = {stage.end_step for stage in stages}
 
     resumed_at, resumed_tokens, resumed_time = run["step"], run["tokens"], run["train_time_s"]
-    window = [torch.tensor(loss, device=device) for loss in run["window_losses"]]
+    # The saved window holds global losses; rank 0 carries them, so the all-reduce counts them once.
+    window = [torch.tensor(loss if rank == 0 else 0.0, device=device) for loss in run["window_losses"]]
     loop_start = time.perf_counter()
     for step in range(run["step"], total):
-        while model.depth < grow_to.get(step, model.depth):
-            optimizer = grow(model, optimizer, cfg)
+        if model.depth < grow_to.get(step, model.depth):
+            while model.depth < grow_to[step]:
+                optimizer = grow(model, optimizer, cfg)
+            module = wrap(model)
         lr = learning_rate(step, train_cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        inputs, targets = (t.to(device, non_blocking=True) for t in batches(step))
-        window.append(train_step(model, optimizer, inputs, targets, train_cfg["grad_clip"]))
+        inputs, targets = batches(step)
+        n_tokens, shape = inputs.numel(), inputs.shape
+        scale = 1.0
+        if world > 1:  # this rank's rows, and their share of the global batch's counted tokens
+            mine = slice(rank * shape[0] // world, (rank + 1) * shape[0] // world)
+            counted = max(1, int((targets != -100).sum()))
+            scale = float((targets[mine] != -100).sum() * world) / counted
+            inputs, targets = inputs[mine], targets[mine]
+        inputs, targets = (t.to(device, non_blocking=True) for t in (inputs, targets))
+        window.append(train_step(module, optimizer, inputs, targets, train_cfg["grad_clip"], scale)
+                      / world)
 
         done, elapsed = step + 1, time.perf_counter() - loop_start
         run["step"], run["train_time_s"] = done, resumed_time + elapsed
-        run["tokens"] += inputs.numel()
-        run["flops"] += inputs.numel() * flops_per_token(cfg["model"], model.depth, inputs.shape[1])
+        run["tokens"] += n_tokens
+        run["flops"] += n_tokens * flops_per_token(cfg["model"], model.depth, shape[1])
         logging_now = done % train_cfg["log_every"] == 0 or done == total
         checkpointing = done % train_cfg["checkpoint_every"] == 0 or done in stage_ends
         if not (logging_now or checkpointing):
             continue
-        losses = torch.stack(window).cpu()
+        losses = torch.stack(window)
+        if world > 1:
+            dist.all_reduce(losses)  # the ranks' shares of each step's global token mean
+        losses = losses.cpu()
         check_finite(losses, done - len(window))
         if logging_now:
             row = {"step": done, "loss": losses.mean().item(), "lr": lr, "tokens": run["tokens"],
                    "flops": run["flops"], "n_layers": model.depth}
             run["history"].append(row)
             window = []
-        if checkpointing:
-            run["window_losses"] = [loss.item() for loss in window]
+        if checkpointing and rank == 0:
+            run["window_losses"] = losses[len(losses) - len(window):].tolist()
             save_checkpoint({**run, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                              "n_layers": model.depth, "ancestors": model.ancestors}, run_dir)
-        if logging_now and progress is not None:
+        if logging_now and progress is not None and rank == 0:
             progress({"step": done, "total_steps": total, "loss": row["loss"], "lr": lr,
                       "n_layers": model.depth, "tokens": run["tokens"], "flops": run["flops"],
                       "tokens_per_s": (run["tokens"] - resumed_tokens) / elapsed,

@@ -1,4 +1,4 @@
-"""`python -m orchestrator sweep|status|report|wandb-sync`.
+"""`python -m orchestrator sweep|status|report|cancel|wandb-sync|run-one`.
 
 Exit codes: 0 success, 1 a runtime problem (failed runs, store trouble), 2 bad input (nothing was
 started or written), 130 interrupted (the same command resumes)."""
@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 from collections import Counter
-from typing import Optional
+from typing import NoReturn, Optional
 
+import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from . import tracking
+from . import slurm, tracking
 from .config import ConfigError
 from .identity import run_id
-from .store import FAILED, Store, StoreError
+from .store import CORRUPT, FAILED, Store, StoreError
 
 # Logs (CI, nohup) get a wide fixed width instead of rich's 80 columns, so tables stay readable.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
@@ -34,7 +37,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     store = Store(roots.pop())
     store.check()
     name = args.name or default_name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"--name {name!r}: it names a directory under sweeps/; use letters, "
+                          f"digits, '.', '_' and '-' (starting with a letter or digit)")
     configs = [p.config for p in points]
+    if configs[0]["cluster"]["name"] in slurm.KINDS:  # submitted; the driver runs in the allocation
+        code = slurm.submit(scheduler.plan(configs, store), store, name, args.overrides,
+                            args.dry_run, console)
+        return _report(store, name) if code < 0 else code
     adaptive = configs[0]["adaptive"]
     if adaptive["metric"]:
         return _adaptive_sweep(configs, store, name, args)
@@ -47,12 +57,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _print_plan(runs: list, name: str) -> None:
-    from .scheduler import resources_text
+    """One line per run with its training FLOPs and GPU hours (FLOPs / (peak x MFU) / 3600)."""
+    from .scheduler import check_fit, gpu_hours, planned_nodes, resources_text
 
     for r in runs:
         c = r.config
+        hours = f"{gpu_hours(c):,.0f} GPU h" if c["resources"]["gpus"] > 0 else "CPU"
         console.print(f"{r.run_id}  {c['family']['name']:<7} {c['model']['name']:<6} "
-                      f"seed={c['seed']:<3} {resources_text(c)}  {'cached' if r.cached else 'new'}")
+                      f"seed={c['seed']:<3} {resources_text(c)}  {r.cost:.2e} FLOPs {hours}  "
+                      f"{'cached' if r.cached else 'new'}")
+    new = [r for r in runs if not r.cached]
+    cluster = runs[0].config["cluster"] if runs else None
+    if new and any(r.config["resources"]["gpus"] > 0 for r in new):
+        console.print(f"estimate: {sum(gpu_hours(r.config) for r in new):,.0f} GPU hours for the "
+                      f"{len(new)} runs to do (training FLOPs / (cluster.gpu_peak_flops_per_s="
+                      f"{cluster['gpu_peak_flops_per_s']:.3g} x cluster.gpu_mfu={cluster['gpu_mfu']:g}))")
+    if cluster and cluster["name"] == "local":
+        try:
+            check_fit(new, planned_nodes(cluster))  # the node init_ray would start
+        except ConfigError as e:  # the real run refuses it with this line
+            console.print(f"[yellow]would not run here:[/] {e}", soft_wrap=True)
+    for r in runs:  # backend=nanotron: each stage's nanotron YAML and torchrun command
+        if r.config["backend"]["name"] == "nanotron":
+            from jobs.nanotron.render import dry_run_text
+            run_dir = Store(r.config["store"]["root"]).run_dir(r.run_id)
+            console.print(dry_run_text(r.config, r.run_id, run_dir), markup=False, soft_wrap=True)
     console.print(f"sweep {name}: {len(runs)} runs, "
                   f"{sum(not r.cached for r in runs)} to do (dry run: nothing written)")
 
@@ -131,6 +160,10 @@ def _report(store: Store, name: str) -> int:
     import analysis
 
     sweep = store.read_sweep(name)
+    damaged = [(r, p) for r in sweep["run_ids"] for p in store.problems(r)]
+    if damaged:
+        raise StoreError(f"sweep {name}: run {damaged[0][0]}: {damaged[0][1]} ({len(damaged)} "
+                         f"problems, see `status`); run the sweep again to repair them")
     states = [store.read_state(r)["status"] for r in sweep["run_ids"]]
     if "done" not in states:
         console.print(f"sweep {name}: no finished runs yet; nothing to report")
@@ -172,16 +205,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         for col in ("run", "id", "status", "jobs (status x attempts)", "progress", "error"):
             table.add_column(col)
         counts: Counter = Counter()
+        notes: list[str] = []
         for rid in sweep["run_ids"]:
             state = store.read_state(rid)
-            if state["status"] == "running" and not store.is_claimed(rid):
-                state["status"] = "stale"  # its process died without a word; the next sweep resumes it
-            counts[state["status"]] += 1
             try:
                 cfg = store.read_config(rid)
                 label = f"{cfg['family']['name']}-{cfg['model']['name']}-s{cfg['seed']}"
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
                 label = "?"
+            notes += _damage_notes(store, rid, label, state)
+            counts[state["status"]] += 1
             jobs = state.get("jobs", {})
             attempts = "  ".join(f"{j} {s.get('status')} x{s.get('attempts', 0)}"
                                  for j, s in jobs.items()) or "-"
@@ -190,7 +223,39 @@ def cmd_status(args: argparse.Namespace) -> int:
             table.add_row(label, rid, state["status"], attempts, prog, state.get("error") or "")
         console.print(table)
         console.print("  ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        for line in slurm.status_lines(sweep):
+            console.print(line, markup=False, soft_wrap=True)
+        for note in notes:
+            console.print(f"  {note}", soft_wrap=True, markup=False)
     return 0
+
+
+def _damage_notes(store: Store, rid: str, label: str, state: dict) -> list[str]:
+    """One line per problem of a run (and per past one that was repaired); marks the state
+    `stale` (running, claim free: its process was killed) or `corrupt` (damaged files)."""
+    notes = [f"problem {rid} {label}: {p}; the next sweep of this run moves it aside and reruns "
+             f"the run's jobs (training resumes from its newest sound checkpoint)"
+             for p in store.problems(rid)]
+    if notes:
+        state["status"] = CORRUPT
+    elif store.is_stale(rid, state):
+        for job in [state, *state.get("jobs", {}).values()]:
+            job["status"] = "stale" if job.get("status") == "running" else job.get("status")
+        notes.append(f"stale {rid} {label}: state.json says running but no process holds its "
+                     f"claim (killed); the next sweep resumes it from its last checkpoint")
+    return notes + [f"recovered {rid} {label}: {r}" for r in store.recovered(rid)]
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """scancel a sweep's Slurm jobs; the same `sweep` command resubmits and resumes it."""
+    store = Store(args.store)
+    store.check()
+    return slurm.cancel(store.read_sweep(args.sweep), console)
+
+
+def cmd_run_one(args: argparse.Namespace) -> int:
+    """One run's jobs in this process (a cluster=slurm_array task)."""
+    return slurm.run_one(args.store, args.run_id)
 
 
 def cmd_wandb_sync(args: argparse.Namespace) -> int:
@@ -220,9 +285,16 @@ def cmd_wandb_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes in one line, like every other error (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="python -m orchestrator", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("sweep", help="compose the grid and run every job not yet done")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. family=lidas,dense seed=range(0,5)")
@@ -235,6 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("sweep", nargs="?", help="sweep name (default: all / the latest)")
         p.add_argument("--store", default="outputs", help="store root (default: outputs)")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("cancel", help="scancel a sweep's Slurm jobs (cluster=slurm, slurm_array)")
+    p.add_argument("sweep", help="sweep name")
+    p.add_argument("--store", default="outputs", help="store root (default: outputs)")
+    p.set_defaults(fn=cmd_cancel)
+    p = sub.add_parser("run-one", help="run one run's jobs in this process (a slurm_array task)")
+    p.add_argument("run_id", help="run id (runs/<run_id>/config.yaml in the store)")
+    p.add_argument("--store", default="outputs", help="store root (default: outputs)")
+    p.set_defaults(fn=cmd_run_one)
     p = sub.add_parser("wandb-sync", help="upload a sweep's offline W&B runs (wandb sync)")
     p.add_argument("sweep", help="sweep name")
     p.add_argument("--store", default="outputs", help="store root (default: outputs)")
@@ -247,10 +327,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         return args.fn(args)
     except ConfigError as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
     except (StoreError, RuntimeError) as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 1
     except KeyboardInterrupt:
         return 130

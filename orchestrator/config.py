@@ -4,18 +4,21 @@ job starts or any file is written."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# The config groups; ORCHESTRATOR_CONF_DIR points at another copy (your own groups, or tests).
+CONF_DIR = Path(os.environ.get("ORCHESTRATOR_CONF_DIR") or Path(__file__).resolve().parent.parent / "conf")
 
 
 class ConfigError(ValueError):
@@ -82,8 +85,21 @@ class TrainConfig:
 
 
 @dataclass
+class ArithDataConfig:
+    """data.kind=arith (jobs/data/arith.py): synthetic GSM8K-format word problems."""
+    max_number: int = 9
+    two_step: float = 0.2
+    train_problems: int = 2000
+    test_problems: int = 200
+
+
+@dataclass
 class DataConfig:
+    """`kind` says which generator reads the section: regbench (the fields below, next-symbol
+    data over n_symbols) or arith (byte-level text; its own `arith` section, the RegBench
+    fields unused)."""
     name: str = "regbench_easy"
+    kind: str = "regbench"
     vocab_size: int = 20
     n_symbols: int = 18
     seed: int = 1234
@@ -95,6 +111,7 @@ class DataConfig:
     train_automata: int = 2000
     heldout_automata: int = 200
     seq_len: int = 128
+    arith: Optional[ArithDataConfig] = None
 
 
 @dataclass
@@ -102,6 +119,26 @@ class RegBenchEvalConfig:
     instances: int = 200
     ngram_alpha: float = 0.1
     batch_size: int = 50
+
+
+@dataclass
+class InductionEvalConfig:
+    """jobs/evals/induction.py: prefix-matching scores and, for lidas, ancestry concentration."""
+    sequences: int = 64      # repeated random sequences scored
+    length: int = 10         # distinct symbols per copy (at most 18)
+    top_k: int = 4           # heads counted as "top" (metric induction_topk_mean, ancestry)
+    ancestors_m: int = 2     # ancestry statistic: top-k heads descending from the best m ancestor heads
+
+
+@dataclass
+class Gsm8kEvalConfig:
+    """jobs/evals/gsm8k.py. Problems from `path`: a JSONL file (`{split}` -> train/test), `hub`
+    (`openai/gsm8k` through Hugging Face `datasets`), or null: the arith data's own splits."""
+    n_shots: int = 8
+    shot_seed: int = 1234
+    limit: Optional[int] = None          # first N test problems; null = all
+    max_new_tokens: int = 256
+    path: Optional[str] = None
 
 
 @dataclass
@@ -121,6 +158,8 @@ class EvalConfig:
     jobs: list[str] = field(default_factory=lambda: ["regbench"])
     resources: JobResources = field(default_factory=JobResources)
     regbench: RegBenchEvalConfig = field(default_factory=RegBenchEvalConfig)
+    induction: InductionEvalConfig = field(default_factory=InductionEvalConfig)
+    gsm8k: Gsm8kEvalConfig = field(default_factory=Gsm8kEvalConfig)
 
 
 @dataclass
@@ -131,12 +170,52 @@ class ClusterConfig:
     num_gpus: Optional[int] = None
     include_dashboard: bool = False
     dashboard_host: str = "127.0.0.1"
+    # cluster=ray: ship the project to the nodes with Ray's runtime_env (working_dir); null =
+    # ship when cluster.address is not on this machine (a shared filesystem needs false).
+    ship_code: Optional[bool] = None
+    # The --dry-run GPU-hours estimate: training FLOPs / (peak x MFU) / 3600 (H100 bf16 dense).
+    gpu_peak_flops_per_s: float = 989e12
+    gpu_mfu: float = 0.4
+    # cluster=slurm / slurm_array (orchestrator/slurm.py): the allocation's #SBATCH values,
+    # extra #SBATCH options, and shell lines run first in the job (module loads, venv activation).
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_node: int = 4
+    mem_gb: float = 16
+    time: str = "04:00:00"
+    requeue: bool = True
+    sbatch: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    ray_start_timeout_s: int = 300
+
+
+@dataclass
+class NanotronSettings:
+    """backend=nanotron (jobs/nanotron, conf/backend/nanotron.yaml): dp = the job's GPUs / (tp x pp)."""
+    tp: int = 1
+    pp: int = 1
+    micro_batch_size: int = 8
+    dtype: str = "bfloat16"
+    dataset: Optional[str] = None          # a Hugging Face dataset name, or
+    dataset_split: str = "train"
+    dataset_config: Optional[str] = None
+    text_column: str = "text"
+    tokenized_path: Optional[str] = None   # a folder of tokenized shards (nanotron's nanoset)
+    token_size_in_bytes: int = 4
+    dummy_data: bool = False               # nanotron's random tokens instead (GPU smoke tests)
+    tokenizer: str = "HuggingFaceTB/SmolLM-360M"
+    zero_stage: int = 0
+    run_train: str = "run_train.py"        # nanotron's entry script (in its checkout)
 
 
 @dataclass
 class BackendConfig:
     name: str = "torch"
     device: str = "auto"
+    nanotron: Optional[NanotronSettings] = None
 
 
 @dataclass
@@ -188,10 +267,11 @@ class Config:
 # ---------------------------------------------------------------------------------------------
 # Composition
 
-def hydra_session(conf_dir: Path = CONF_DIR) -> Any:
-    """Context manager that points Hydra at `conf_dir` (re-entrant: clears a previous session)."""
+def hydra_session(conf_dir: Optional[Path] = None) -> Any:
+    """Context manager that points Hydra at `conf_dir` (default CONF_DIR; re-entrant: clears a
+    previous session)."""
     GlobalHydra.instance().clear()
-    return initialize_config_dir(config_dir=str(conf_dir), version_base=None)
+    return initialize_config_dir(config_dir=str(conf_dir or CONF_DIR), version_base=None)
 
 
 def compose_run(overrides: list[str], catalog: Mapping[str, frozenset[str]] | None = None) -> dict:
@@ -202,9 +282,11 @@ def compose_run(overrides: list[str], catalog: Mapping[str, frozenset[str]] | No
     config as a plain dict."""
     try:
         cfg = compose("config", overrides=overrides)
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_message(e)) from None
     except MissingConfigException as e:
         raise ConfigError(_missing_choice_message(str(e), overrides)) from None
-    except (HydraException, OmegaConfBaseException) as e:
+    except (HydraException, OmegaConfBaseException, ValueError) as e:  # ValueError: Hydra's defaults list
         unknown = re.match(r"Could not override '([^']+)'", str(e))
         if unknown and "To append to your config" in str(e):
             raise ConfigError(f"{unknown.group(1)}: unknown key; check the spelling (see conf/ "
@@ -223,6 +305,14 @@ def validate(cfg: DictConfig, catalog: Mapping[str, frozenset[str]] | None = Non
     _fill_derived(plain)
     _check(plain, catalog or {})
     return plain
+
+
+def yaml_message(e: yaml.YAMLError) -> str:
+    """A syntax error in a file of the config groups, as one line naming the file and line."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{mark.name}:{mark.line + 1}" if mark else str(CONF_DIR)
+    problem = getattr(e, "problem", None) or _first_line(e)
+    return f"{where}: YAML syntax error ({problem}); fix that file"
 
 
 def _first_line(e: Exception) -> str:
@@ -286,6 +376,8 @@ def _fill_derived(c: dict) -> None:
         fam["growth"] = None
     if fam["name"] != "looped":
         fam["loop"] = None
+    if c["data"]["kind"] != "arith":
+        c["data"]["arith"] = None
 
 
 def _require(ok: bool, message: str) -> None:
@@ -331,6 +423,73 @@ def _check_adaptive(a: dict, metrics: frozenset[str]) -> None:
     _require(a["delta_min"] > 0, f"adaptive.delta_min={a['delta_min']}: must be > 0")
 
 
+def procs_per_node(resources: Mapping) -> int:
+    """Training processes per node: one per whole GPU, or one on a CPU-only (or shared) GPU."""
+    return max(1, int(resources["gpus"]))
+
+
+def world_size(resources: Mapping) -> int:
+    """Training ranks of a run: resources.nodes x processes per node."""
+    return resources["nodes"] * procs_per_node(resources)
+
+
+def _check_resources(c: dict) -> None:
+    r, cl = c["resources"], c["cluster"]
+    _require(r["nodes"] >= 1, f"resources.nodes={r['nodes']}: must be >= 1")
+    _require(r["gpus"] <= 1 or float(r["gpus"]).is_integer(),
+             f"resources.gpus={r['gpus']}: more than one GPU per node must be a whole number "
+             f"(one training process per GPU)")
+    _require(r["nodes"] == 1 or r["gpus"] == 0 or float(r["gpus"]).is_integer(),
+             f"resources.gpus={r['gpus']}: a multi-node job needs whole GPUs per node")
+    world, batch = world_size(r), c["train"]["batch_size"]
+    _require(batch % world == 0,
+             f"train.batch_size={batch}: must be divisible by the {world} training processes "
+             f"(resources.nodes={r['nodes']} x {procs_per_node(r)} per node); change one of them")
+    _require(cl["gpu_peak_flops_per_s"] > 0 and 0 < cl["gpu_mfu"] <= 1,
+             f"cluster: gpu_peak_flops_per_s={cl['gpu_peak_flops_per_s']} must be > 0 and "
+             f"gpu_mfu={cl['gpu_mfu']} in (0, 1]")
+    _require(cl["name"] != "ray" or bool(cl["address"]),
+             "cluster.address: cluster=ray needs the address of a running cluster, e.g. "
+             "cluster.address=10.0.0.5:6379 (or auto for the one started on this machine)")
+    _check_dashboard(cl)
+
+
+def _check_dashboard(cl: dict) -> None:
+    """Ray fails with a traceback when the dashboard's packages (ray[default]) are missing."""
+    if not cl["include_dashboard"] or cl["address"]:
+        return
+    from ray._private.utils import get_dashboard_dependency_error
+
+    _require(get_dashboard_dependency_error() is None,
+             "cluster.include_dashboard=true: Ray's dashboard needs `pip install 'ray[default]'` "
+             "(same version as ray); or leave the dashboard off")
+
+
+# sbatch reads `#SBATCH` lines itself, without a shell: their values must be single plain words.
+SBATCH_WORD = re.compile(r"[A-Za-z0-9_.,:@%+=/-]+")
+
+
+def _check_slurm(cl: dict) -> None:
+    if cl["name"] not in ("slurm", "slurm_array"):
+        return
+    for key in ("partition", "account", "qos", "time"):
+        value = cl[key]
+        _require(value is None or bool(SBATCH_WORD.fullmatch(str(value))),
+                 f"cluster.{key}={value!r}: not a Slurm name (letters, digits and _.,:@%+=/- only)")
+    for option in cl["sbatch"]:
+        _require(option.startswith("-") and bool(SBATCH_WORD.fullmatch(option)),
+                 f"cluster.sbatch: {option!r} is not one sbatch option such as --constraint=a100 "
+                 f"(one word, letters, digits and _.,:@%+=/- only)")
+    for line in cl["setup"]:
+        _require("\n" not in line and "\r" not in line,
+                 f"cluster.setup: {line!r} spans several lines; give one list item per line")
+    _require(cl["nodes"] >= 1 and cl["cpus_per_node"] >= 1 and cl["gpus_per_node"] >= 0
+             and cl["mem_gb"] > 0 and cl["ray_start_timeout_s"] > 0,
+             f"cluster: nodes={cl['nodes']} and cpus_per_node={cl['cpus_per_node']} must be >= 1, "
+             f"gpus_per_node={cl['gpus_per_node']} >= 0, mem_gb={cl['mem_gb']} and "
+             f"ray_start_timeout_s={cl['ray_start_timeout_s']} > 0")
+
+
 def _check(c: dict, catalog: Mapping[str, frozenset[str]]) -> None:
     _require(c["seed"] >= 0, f"seed={c['seed']}: must be a non-negative integer")
     fam, m, t, d = c["family"], c["model"], c["train"], c["data"]
@@ -340,7 +499,11 @@ def _check(c: dict, catalog: Mapping[str, frozenset[str]]) -> None:
               "model.init_std", "train.steps", "train.batch_size", "train.lr",
               "train.checkpoint_every", "train.log_every", "data.train_automata",
               "data.heldout_automata", "data.seq_len", "resources.cpus", "eval.resources.cpus",
-              "eval.regbench.instances", "eval.regbench.batch_size", "eval.regbench.ngram_alpha")
+              "eval.regbench.instances", "eval.regbench.batch_size", "eval.regbench.ngram_alpha",
+              "eval.induction.sequences", "eval.induction.top_k", "eval.induction.ancestors_m")
+    _require(1 <= c["eval"]["induction"]["length"] <= 18 and 2 * c["eval"]["induction"]["length"] + 2 <= m["max_seq_len"],
+             f"eval.induction.length={c['eval']['induction']['length']}: must be in [1, 18] and fit twice"
+             f" (plus 2 separators) in model.max_seq_len={m['max_seq_len']}")
     _require(m["d_model"] % m["n_heads"] == 0,
              f"model.n_heads={m['n_heads']}: must divide model.d_model={m['d_model']}")
     _require(m["n_heads"] % m["n_kv_heads"] == 0,
@@ -356,19 +519,50 @@ def _check(c: dict, catalog: Mapping[str, frozenset[str]]) -> None:
     _require(0 <= t["min_lr_ratio"] <= 1, f"train.min_lr_ratio={t['min_lr_ratio']}: must be in [0, 1]")
     _require(t["max_retries"] >= 0, f"train.max_retries={t['max_retries']}: must be >= 0")
     _require(c["resources"]["gpus"] >= 0, f"resources.gpus={c['resources']['gpus']}: must be >= 0")
-    _one_of("backend.name", c["backend"]["name"], ["torch"])
+    _check_resources(c)
+    _check_slurm(c["cluster"])
+    _one_of("backend.name", c["backend"]["name"], ["torch", "nanotron"])
+    if c["backend"]["name"] == "nanotron":
+        _check_nanotron(c)
     _one_of("backend.device", c["backend"]["device"], ["auto", "cpu", "cuda"])
     if fam["name"] == "lidas":
         _check_growth(fam["growth"], m, t)
     if fam["name"] == "looped":
         _check_loop(fam["loop"], m)
     _check_data(d)
+    _check_gsm8k(c["eval"]["gsm8k"])
     _check_tracker(c["tracker"], t)
     if catalog:
         for job in c["eval"]["jobs"]:
             _one_of("eval.jobs", job, sorted(set(catalog) - {"train"}))
+        _check_eval_data(c["eval"]["jobs"], d)
     metrics = frozenset().union(*(catalog[j] for j in ["train", *c["eval"]["jobs"]])) if catalog else frozenset()
     _check_adaptive(c["adaptive"], metrics)
+
+
+def _check_nanotron(c: dict) -> None:
+    """The nanotron layout and data, before anything is rendered (jobs/nanotron/render.py)."""
+    nt, r, fam = c["backend"]["nanotron"], c["resources"], c["family"]["name"]
+    _require(fam != "looped", "family=looped: nanotron has no weight-shared layers; "
+             "use backend=torch (it runs looped models on GPUs with DDP)")
+    _require(nt is not None, "backend.nanotron: missing; use backend=nanotron (conf/backend/nanotron.yaml)")
+    _require(r["gpus"] >= 1 and float(r["gpus"]).is_integer(),
+             f"resources.gpus={r['gpus']}: backend=nanotron trains on whole CUDA GPUs only; "
+             f"use a GPU size or backend=torch")
+    world, tp, pp, mbs = world_size(r), nt["tp"], nt["pp"], nt["micro_batch_size"]
+    _require(tp >= 1 and pp >= 1 and mbs >= 1, f"backend.nanotron: tp={tp}, pp={pp} and "
+             f"micro_batch_size={mbs} must be >= 1")
+    _require(world % (tp * pp) == 0, f"backend.nanotron: tp={tp} x pp={pp} must divide the "
+             f"{world} GPUs (resources.nodes x resources.gpus); dp is the quotient")
+    per_step = world // (tp * pp) * mbs
+    _require(c["train"]["batch_size"] % per_step == 0,
+             f"train.batch_size={c['train']['batch_size']}: must be a multiple of dp "
+             f"{world // (tp * pp)} x backend.nanotron.micro_batch_size={mbs}")
+    _require(nt["dummy_data"] + (nt["dataset"] is not None) + (nt["tokenized_path"] is not None) == 1,
+             "backend.nanotron: set exactly one of dataset=<Hugging Face name>, "
+             "tokenized_path=<folder of tokenized shards> or dummy_data=true (with the others null)")
+    _one_of("backend.nanotron.dtype", nt["dtype"], ["bfloat16", "float32"])
+    _one_of("backend.nanotron.zero_stage", nt["zero_stage"], [0, 1])
 
 
 def _check_growth(g: Optional[dict], m: dict, t: dict) -> None:
@@ -419,7 +613,14 @@ def _check_tracker(tr: dict, t: dict) -> None:
              f"finish_timeout_s={tr['finish_timeout_s']} must be > 0")
 
 
+DATA_KINDS = ["regbench", "arith"]
+
+
 def _check_data(d: dict) -> None:
+    _one_of("data.kind", d["kind"], DATA_KINDS)
+    if d["kind"] == "arith":
+        _check_arith(d)
+        return
     for key in ("num_states", "alphabet_size", "transitions_per_state", "strings_per_instance",
                 "string_length"):
         lo_hi = d[key]
@@ -429,3 +630,45 @@ def _check_data(d: dict) -> None:
              f"data.alphabet_size={d['alphabet_size']}: more than data.n_symbols={d['n_symbols']}")
     _require(d["vocab_size"] == d["n_symbols"] + 2,
              f"data.vocab_size={d['vocab_size']}: must be n_symbols + 2 (separator and pad)")
+
+
+def _check_arith(d: dict) -> None:
+    from jobs.tokenizer import VOCAB_SIZE
+
+    a = d["arith"]
+    _require(a is not None, "data.arith: missing; data.kind=arith needs its arith section (conf/data/arith.yaml)")
+    _require(d["vocab_size"] == VOCAB_SIZE,
+             f"data.vocab_size={d['vocab_size']}: byte-level text needs {VOCAB_SIZE} (256 bytes + BOS, EOS, pad)")
+    _require(a["max_number"] >= 1 and 0 <= a["two_step"] <= 1,
+             f"data.arith: max_number={a['max_number']} must be >= 1 and two_step={a['two_step']} in [0, 1]")
+    _require(a["train_problems"] >= 1 and a["test_problems"] >= 1,
+             f"data.arith: train_problems={a['train_problems']} and test_problems={a['test_problems']} must be >= 1")
+    _require(d["seq_len"] >= 128, f"data.seq_len={d['seq_len']}: text rows need >= 128 bytes "
+             f"(a worked example is ~110); raise model.max_seq_len")
+
+
+def _check_gsm8k(g: dict) -> None:
+    _require(g["n_shots"] >= 0 and g["max_new_tokens"] >= 1 and (g["limit"] is None or g["limit"] >= 1),
+             f"eval.gsm8k: n_shots={g['n_shots']} must be >= 0, max_new_tokens={g['max_new_tokens']} "
+             f">= 1 and limit={g['limit']} null or >= 1")
+    if g["path"] == "hub":
+        _require(importlib.util.find_spec("datasets") is not None,
+                 "eval.gsm8k.path=hub: reading openai/gsm8k needs the `datasets` package; install it "
+                 "or give a GSM8K JSONL path")
+    elif g["path"] is not None:
+        for split in ("train", "test"):
+            path = Path(g["path"].replace("{split}", split)).expanduser()
+            _require(path.is_file(), f"eval.gsm8k.path={g['path']}: {path} is not a file; give a GSM8K "
+                     f"JSONL (use {{split}} for separate train/test files) or null")
+
+
+def _check_eval_data(jobs: list[str], d: dict) -> None:
+    """An evaluation runs only on the data kinds it declares (jobs/registry.py `evaluation`)."""
+    from jobs.registry import data_kinds
+
+    kinds = data_kinds()
+    for job in jobs:
+        if job in kinds:
+            _require(d["kind"] in kinds[job],
+                     f"eval.jobs: {job} needs data.kind={'/'.join(sorted(kinds[job]))}, but data={d['name']} "
+                     f"is data.kind={d['kind']}; drop {job} from eval.jobs or choose other data")

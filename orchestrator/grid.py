@@ -10,12 +10,14 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+import yaml
 from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
 
-from .config import ConfigError, compose_run, hydra_session
+from . import config
+from .config import ConfigError, compose_run, hydra_session, yaml_message
 
 
 @dataclass(frozen=True)
@@ -44,10 +46,19 @@ def _fails(parser: OverridesParser, override: str) -> bool:
 
 def axes(cli_overrides: list[str]) -> dict[str, list[str]]:
     """key -> list of `key=value` strings, default grid first, command line replacing it."""
-    default = compose("config", return_hydra_config=True).hydra.sweeper.params or {}
+    try:
+        default = compose("config", return_hydra_config=True).hydra.sweeper.params or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_message(e)) from None
     merged: dict[str, list[str]] = {}
+    groups = {p.name for p in config.CONF_DIR.iterdir() if p.is_dir()}
     for o in _parse([f"{k}={v}" for k, v in default.items()]) + _parse(cli_overrides):
         key = o.get_key_element()
+        if not o.key_or_group:
+            raise ConfigError(f"malformed override {o.input_line!r}: no key before '='; write key=value")
+        if o.key_or_group in groups and isinstance(o.value(), list):
+            raise ConfigError(f"{o.input_line}: a list of {o.key_or_group} options; choose one "
+                              f"({o.key_or_group}=<option>) or sweep them ({o.key_or_group}=a,b)")
         if o.is_sweep_override():
             try:
                 values = list(o.sweep_string_iterator())
@@ -70,7 +81,7 @@ def expand(cli_overrides: list[str], catalog: Mapping[str, frozenset[str]]) -> t
     return points, default_sweep_name(grid)
 
 
-NOT_IN_NAME = ("store.", "cluster.", "tracker")  # where a sweep runs, is stored and tracked does not name it
+NOT_IN_NAME = ("store.", "cluster", "tracker")  # where a sweep runs, is stored and tracked does not name it
 
 
 def default_sweep_name(grid: dict[str, list[str]]) -> str:

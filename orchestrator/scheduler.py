@@ -2,11 +2,15 @@
 
 One Ray task per job with the resources its size declares; an evaluation task takes the train
 task's result as an argument, so Ray starts it only once the checkpoint exists. Runs are
-submitted longest first (estimated FLOPs), which keeps every core busy until the end."""
+submitted longest first (estimated FLOPs), which keeps every core busy until the end. A
+multi-node training job is one resource-free coordinating task (`worker.execute_nodes`) that
+reserves a placement group. Ray never fails a request that no node can satisfy (it waits for
+ever), so `check_fit` refuses those against the live nodes before anything is submitted."""
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -19,7 +23,12 @@ from jobs.flops import schedule_flops
 from . import progress as view
 from .identity import run_id, run_label
 from .store import DONE, FAILED, INTERRUPTED, RUNNING, Store
-from .worker import execute, jobs_of, resources_of
+from .config import ConfigError
+from .worker import PROJECT_ROOT, bundle_of, execute, execute_nodes, jobs_of, processes_of
+
+# Never shipped to a cluster with the project (runtime_env working_dir).
+SHIP_EXCLUDES = [".venv", ".git", "outputs", "wandb", "**/__pycache__", "*.egg-info",
+                 ".pytest_cache", "*.pt", "*.parquet"]
 
 
 @dataclass
@@ -50,13 +59,22 @@ def plan(configs: list[dict], store: Store) -> list[PlannedRun]:
             continue
         state = store.read_state(rid)
         todo = [j for j in jobs_of(cfg) if state.get("jobs", {}).get(j, {}).get("status") != DONE]
+        if store.problems(rid):  # damaged files: every job reruns (worker.execute recovers them)
+            todo = jobs_of(cfg)
         planned[rid] = PlannedRun(rid, run_label(cfg), cfg, todo, estimated_flops(cfg), state)
     return list(planned.values())
 
 
+def multi_node(cfg: dict, job: str) -> bool:
+    return processes_of(cfg, job)[0] > 1
+
+
 def job_resources(cfg: dict, job: str) -> dict:
-    r = resources_of(cfg, job)
-    return {"num_cpus": r["cpus"], "num_gpus": r["gpus"], "memory": int(r["memory_gb"] * 2**30)}
+    """Ray task options; a multi-node job's coordinator holds nothing (its bundles do)."""
+    if multi_node(cfg, job):
+        return {"num_cpus": 0}
+    b = bundle_of(cfg, job)
+    return {"num_cpus": b["CPU"], "num_gpus": b["GPU"], "memory": b["memory"]}
 
 
 def resources_text(cfg: dict) -> str:
@@ -64,7 +82,33 @@ def resources_text(cfg: dict) -> str:
     return f"cpu={r['cpus']:g} gpu={r['gpus']:g} mem={r['memory_gb']:g}G nodes={r['nodes']}"
 
 
+def gpu_hours(cfg: dict) -> float:
+    """Estimated GPU hours of training: FLOPs / (peak FLOP/s per GPU x MFU) / 3600; 0 on CPU."""
+    if cfg["resources"]["gpus"] <= 0:
+        return 0.0
+    c = cfg["cluster"]
+    return estimated_flops(cfg) / (c["gpu_peak_flops_per_s"] * c["gpu_mfu"]) / 3600
+
+
+def ships_code(cluster: dict) -> bool:
+    """cluster.ship_code, or (null) whether the address is not a cluster on this machine."""
+    if cluster["ship_code"] is not None:
+        return cluster["ship_code"]
+    address = cluster["address"]
+    if not address or address == "auto":
+        return False
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    local = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+    try:
+        local |= set(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return host not in local
+
+
 def init_ray(cluster: dict) -> None:
+    """A local Ray (cluster.address null) or a connection to a running one, shipping the
+    project with the runtime_env where the nodes do not share this machine's files."""
     import logging
 
     import ray
@@ -72,30 +116,65 @@ def init_ray(cluster: dict) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Ray turns token authentication on for local clusters (good) and says so on every start.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    kwargs: dict[str, Any] = dict(include_dashboard=cluster["include_dashboard"],
-                                  dashboard_host=cluster["dashboard_host"],
-                                  log_to_driver=False, logging_level="WARNING")
-    if cluster["address"]:
+    kwargs: dict[str, Any] = dict(log_to_driver=False, logging_level="WARNING")
+    if not cluster["address"]:
+        ray.init(num_cpus=cluster["num_cpus"] or os.cpu_count(), num_gpus=cluster["num_gpus"] or 0,
+                 include_dashboard=cluster["include_dashboard"],
+                 dashboard_host=cluster["dashboard_host"], **kwargs)
+        return
+    if ships_code(cluster):
+        kwargs["runtime_env"] = {"working_dir": str(PROJECT_ROOT), "excludes": SHIP_EXCLUDES}
+    try:
         ray.init(address=cluster["address"], **kwargs)
-    else:
-        ray.init(num_cpus=cluster["num_cpus"] or os.cpu_count(),
-                 num_gpus=cluster["num_gpus"] or 0, **kwargs)
+    except ray.exceptions.AuthenticationError:
+        raise RuntimeError(
+            f"cluster.address={cluster['address']}: the Ray cluster refused this driver's token; "
+            f"export the cluster's RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH), "
+            f"the same on every node") from None
+    except ConnectionError as e:  # also what a driver without the cluster's token gets
+        raise RuntimeError(
+            f"cluster.address={cluster['address']}: cannot connect to Ray "
+            f"({str(e).strip().splitlines()[0]}); check that `ray start --head` runs there and, "
+            f"with token authentication (Ray's default), that this shell exports the cluster's "
+            f"RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)") from None
 
 
-def check_fit(runs: list[PlannedRun]) -> None:
-    """Ray waits for ever on a request no node can satisfy: refuse it before submitting."""
+def live_nodes() -> list[dict[str, float]]:
+    """Each alive Ray node's total resources."""
     import ray
 
-    total = ray.cluster_resources()
+    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+
+
+def planned_nodes(cluster: dict) -> Optional[list[dict[str, float]]]:
+    """The one node `init_ray` would start for cluster=local (for --dry-run); None for a
+    cluster that exists only elsewhere."""
+    if cluster["address"]:
+        return None
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return [{"CPU": cluster["num_cpus"] or os.cpu_count(), "GPU": cluster["num_gpus"] or 0,
+             "memory": memory}]
+
+
+def _text(resources: dict[str, float], keys: list[str]) -> str:
+    return " ".join(f"{k}={resources.get(k, 0) / 2**30:.3g}G" if k == "memory"
+                    else f"{k}={resources.get(k, 0):g}" for k in keys)
+
+
+def check_fit(runs: list[PlannedRun], nodes: list[dict[str, float]]) -> None:
+    """Refuse, in one line, a job that no node (or not enough distinct nodes) can hold."""
     for run in runs:
         for job in run.todo:
-            want = job_resources(run.config, job)
-            for key, ray_key in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
-                if want[key] > total.get(ray_key, 0):
-                    raise RuntimeError(
-                        f"{run.label} ({run.run_id}) job {job} asks for {want[key]:g} {ray_key} "
-                        f"but the cluster has {total.get(ray_key, 0):g}; lower its resources or "
-                        f"use a larger cluster")
+            want, count = bundle_of(run.config, job), processes_of(run.config, job)[0]
+            fitting = [n for n in nodes if all(want[k] <= n.get(k, 0) for k in want if want[k] > 0)]
+            if len(fitting) >= count:
+                continue
+            biggest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+            raise ConfigError(
+                f"{run.label} ({run.run_id}) job {job} needs {count} node(s) with "
+                f"{_text(want, list(want))} each, but only {len(fitting)} of the cluster's "
+                f"{len(nodes)} nodes can hold that (largest: {_text(biggest, list(want))}); lower "
+                f"resources.* (or eval.resources.*) or use a larger cluster")
 
 
 class Interrupted(Exception):
@@ -117,9 +196,10 @@ def run(runs: list[PlannedRun], store: Store, cluster: dict, console: Console) -
     owns_ray = not ray.is_initialized()  # a caller (tests, bench) may share its own session
     if owns_ray:
         init_ray(cluster)
-    remote = ray.remote(execute)
+    remote, coordinate = ray.remote(execute), ray.remote(execute_nodes)
+    root = str(store.root.resolve())  # tasks may run elsewhere (a shipped working_dir)
     try:
-        check_fit(todo)
+        check_fit(todo, live_nodes())
         inflight: dict[Any, tuple[PlannedRun, str]] = {}
         for r in sorted(todo, key=lambda r: -r.cost):
             train_ref = None
@@ -127,9 +207,9 @@ def run(runs: list[PlannedRun], store: Store, cluster: dict, console: Console) -
                 opts = job_resources(r.config, job)
                 retries = r.config["train"]["max_retries"]
                 after = [train_ref] if train_ref is not None else []
-                ref = remote.options(**opts, max_retries=retries, retry_exceptions=True,
-                                     name=f"{r.label}:{job}").remote(
-                    job, r.run_id, str(store.root), r.config, *after)
+                fn = coordinate if multi_node(r.config, job) else remote
+                ref = fn.options(**opts, max_retries=retries, retry_exceptions=True,
+                                 name=f"{r.label}:{job}").remote(job, r.run_id, root, r.config, *after)
                 train_ref = ref if job == "train" else train_ref
                 inflight[ref] = (r, job)
         outcome.update(_drive(inflight, runs, store, console))

@@ -11,7 +11,12 @@ Every write is atomic (temp file in the same directory, fsync, rename), so a kil
 leaves either the old or the new file. A job claims its run with an exclusive `flock` on
 `runs/<id>/.lock` for as long as it works on it: the kernel releases it when the process dies,
 so a claim can never go stale on a local or NFSv4 filesystem, and two sweeps sharing a run
-train it once."""
+train it once. A `running` state whose claim is free is stale (its process was killed).
+
+Damage from outside (a truncated file, a disk that filled up, a copy cut short) is found by
+`problems` (parse checks of the JSON files, checkpoint sizes against their digests) and undone by
+`recover`: bad files are moved aside as `<name>.corrupt`, the state is rebuilt with every job to
+do, and the next sweep reruns them (training resumes from the newest sound checkpoint)."""
 from __future__ import annotations
 
 import contextlib
@@ -26,6 +31,8 @@ from typing import Any, Iterator, Optional
 
 import pandas as pd
 import yaml
+
+from jobs import integrity
 
 FORMAT_VERSION = 1
 DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
@@ -116,7 +123,7 @@ class Store:
             probe = self.root / "runs" / f".write-test-{os.getpid()}"
             probe.touch()
             probe.unlink()
-        except PermissionError as e:
+        except OSError as e:  # permissions, a read-only file system, a file in the way
             raise StoreError(f"store.root={self.root}: not writable ({e.strerror}); fix its "
                              f"permissions or choose another store.root") from None
 
@@ -210,6 +217,56 @@ class Store:
         }
         write_json(self.run_dir(run_id) / "metrics.json", merged)
 
+    # -- damage: found by parse checks and digests, repaired by rerunning -----------------------
+    def problems(self, run_id: str) -> list[str]:
+        """What is wrong with the run's files, one line each; cheap (no checkpoint is hashed)."""
+        run_dir, found = self.run_dir(run_id), []
+        for name in ("state.json", "metrics.json"):
+            try:
+                read_json(run_dir / name)
+            except ValueError as e:  # "<path>: unreadable JSON (<why>)"
+                found.append(f"{name} {str(e).split(': ', 1)[1]}")
+        jobs = self.read_state(run_id).get("jobs", {})
+        if any(j.get("status") == DONE for j in jobs.values()) and not (run_dir / "metrics.json").exists():
+            found.append("metrics.json missing although a job is done")
+        for path in sorted((run_dir / "checkpoints").glob("step_*.pt")):
+            if bad := integrity.problem(path, full=False):
+                found.append(f"checkpoint {bad}")
+        return found
+
+    def recover(self, run_id: str, jobs: list[str]) -> list[str]:
+        """Undo the run's problems (the caller holds its claim): bad files are moved aside and
+        every job is set to do again, keeping its attempt count; returns the problems found."""
+        found = self.problems(run_id)
+        if not found:
+            return found
+        run_dir = self.run_dir(run_id)
+        state = self.read_state(run_id)
+        for name in ("state.json", "metrics.json"):
+            try:
+                read_json(run_dir / name)
+            except ValueError:
+                os.replace(run_dir / name, run_dir / f"{name}.corrupt")
+        for path in sorted((run_dir / "checkpoints").glob("step_*.pt")):
+            if bad := integrity.problem(path, full=False):
+                integrity.quarantine(path, bad)
+        old = state.get("jobs", {}) if state["status"] != CORRUPT else {}
+        state = {"run_id": run_id, "status": PENDING, "error": None,
+                 "jobs": {j: {"status": PENDING, "attempts": old.get(j, {}).get("attempts", 0)}
+                          for j in dict.fromkeys([*jobs, *old])},
+                 "recovered": state.get("recovered", []) + [{"at": now(), "problem": p} for p in found]}
+        write_json(run_dir / "state.json", state)
+        return found
+
+    def recovered(self, run_id: str) -> list[str]:
+        """Past problems of the run that were repaired: state notes and quarantined checkpoints."""
+        notes = [f"{r['at']} {r['problem']}" for r in self.read_state(run_id).get("recovered", [])]
+        return notes + integrity.quarantined(self.run_dir(run_id) / "checkpoints")
+
+    def is_stale(self, run_id: str, state: dict) -> bool:
+        """The state says a job is running but no process holds the run's claim."""
+        return state.get("status") == RUNNING and not self.is_claimed(run_id)
+
     def write_progress(self, run_id: str, progress: dict) -> None:
         write_json(self.run_dir(run_id) / "progress.json", progress)
 
@@ -232,7 +289,11 @@ class Store:
         if not path.exists():
             known = ", ".join(self.sweeps()) or "none yet"
             raise StoreError(f"no sweep named {name!r} in {self.root}; known sweeps: {known}")
-        return yaml.safe_load(path.read_text())
+        try:
+            return yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise StoreError(f"{path}: unreadable ({str(e).splitlines()[0]}); restore it from a "
+                             f"backup or delete it and run the sweep again") from None
 
     def record_sweep(self, name: str, overrides: list[str], run_ids: list[str]) -> dict:
         """Create or extend a sweep: run ids are a growing set, each invocation is recorded."""
@@ -251,6 +312,14 @@ class Store:
         path = self.sweep_dir(name) / "sweep.yaml"
         sweep = yaml.safe_load(path.read_text())
         sweep.setdefault("looks", []).append({"at": now(), **look})
+        write_yaml(path, sweep)
+        return sweep
+
+    def record_slurm_job(self, name: str, job: dict) -> dict:
+        """Append one submitted Slurm job of the sweep (id, kind, script; orchestrator/slurm.py)."""
+        path = self.sweep_dir(name) / "sweep.yaml"
+        sweep = yaml.safe_load(path.read_text())
+        sweep.setdefault("slurm_jobs", []).append(job)
         write_yaml(path, sweep)
         return sweep
 

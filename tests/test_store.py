@@ -87,3 +87,32 @@ def test_run_status_precedence():
     assert run_status(["done", "pending"]) == "pending"
     assert run_status(["failed", "running"]) == FAILED
     assert run_status([]) == "pending"
+
+
+def test_damaged_files_are_found_moved_aside_and_the_jobs_set_to_rerun(tmp_path):
+    from jobs import integrity
+
+    s = Store(tmp_path)
+    s.create()
+    jobs = ["train", "regbench"]
+    for job in jobs:
+        s.start_job("r1", job, jobs)
+        s.end_job("r1", job, jobs)
+    s.merge_metrics("r1", {"final_loss": 1.0}, {"final_loss": False})
+    ckpt = s.run_dir("r1") / "checkpoints" / "step_0000010.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"x" * 100)
+    integrity.write_digest(ckpt)
+    assert s.problems("r1") == []
+    ckpt.write_bytes(b"x" * 60)
+    (s.run_dir("r1") / "metrics.json").write_text('{"metrics": {"fin')
+    found = s.problems("r1")
+    assert [p.split(" ")[0] for p in found] == ["metrics.json", "checkpoint"]
+    assert "60 bytes, its digest says 100" in found[1]
+    assert s.recover("r1", jobs) == found
+    state = s.read_state("r1")
+    assert {j: (e["status"], e["attempts"]) for j, e in state["jobs"].items()} == {
+        "train": ("pending", 1), "regbench": ("pending", 1)}
+    assert [r["problem"] for r in state["recovered"]] == found
+    assert (s.run_dir("r1") / "metrics.json.corrupt").exists() and not ckpt.exists()
+    assert s.problems("r1") == [] and len(s.recovered("r1")) == 3  # two notes, one quarantine

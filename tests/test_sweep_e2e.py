@@ -1,31 +1,18 @@
 """End to end through the real CLI on a real local Ray: a micro sweep of 3 families x 2 seeds,
-its report checked against the stored metrics, reruns that train nothing, a worker killed with
-SIGKILL mid-training that resumes bit-identically, and Ctrl-C that resumes."""
+its report checked against the stored metrics, reruns that train nothing, Ctrl-C that resumes,
+adaptive seeding. Processes killed with SIGKILL are in test_faults.py."""
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from helpers import CLI, metrics, running_train, start_sweep, sweep, wait_for
 
 import analysis
 
-CLI = [sys.executable, "-m", "orchestrator"]
 MICRO = ["size=micro", "family=lidas,looped,dense", "seed=0,1", "cluster.num_cpus=2"]
-
-
-def sweep(root: Path, *overrides: str, name: str = "e2e", **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, "sweep", *overrides, f"store.root={root}", "--name", name],
-                          capture_output=True, text=True, timeout=600, **kw)
-
-
-def metrics(root: Path, run_id: str) -> dict:
-    return json.loads((root / "runs" / run_id / "metrics.json").read_text())["metrics"]
 
 
 @pytest.fixture(scope="module")
@@ -86,57 +73,14 @@ def test_rerun_trains_nothing_and_status_reads_the_store(micro_store):
     assert sorted(words) == ["cached"] * 6 + ["new"] * 3
 
 
-def _wait_for(predicate, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
-
-
-def _running_pid(root: Path):
-    for state_file in root.glob("runs/*/state.json"):
-        try:
-            train = json.loads(state_file.read_text())["jobs"]["train"]
-        except (ValueError, KeyError):
-            continue
-        ckpts = list((state_file.parent / "checkpoints").glob("step_*.pt"))
-        if train["status"] == "running" and ckpts:
-            return state_file.parent.name, train["pid"]
-    return None
-
-
 LONG = ["size=micro", "family=lidas", "seed=0", "train.steps=400", "train.checkpoint_every=40",
         "cluster.num_cpus=1"]
 
 
-def test_killed_worker_resumes_from_its_checkpoint_bit_identically(tmp_path):
-    clean = sweep(tmp_path / "clean", *LONG)
-    assert clean.returncode == 0, clean.stdout + clean.stderr
-
-    root = tmp_path / "killed"
-    driver = subprocess.Popen([*CLI, "sweep", *LONG, f"store.root={root}", "--name", "e2e"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    found = []
-    _wait_for(lambda: found.append(_running_pid(root)) or found[-1])
-    rid, pid = found[-1]
-    os.kill(pid, signal.SIGKILL)
-    out, _ = driver.communicate(timeout=600)
-    assert driver.returncode == 0, out
-    state = json.loads((root / "runs" / rid / "state.json").read_text())
-    assert state["status"] == "done" and state["jobs"]["train"]["attempts"] == 2
-    a, b = metrics(tmp_path / "clean", rid), metrics(root, rid)
-    for key in ("final_loss", "regbench_tvd", "regbench_l1_ref", "regbench_acc", "train_flops"):
-        assert a[key] == b[key], key
-    history_a = pd.read_parquet(tmp_path / "clean" / "runs" / rid / "history.parquet")
-    history_b = pd.read_parquet(root / "runs" / rid / "history.parquet")
-    pd.testing.assert_frame_equal(history_a, history_b)
-
-
 def test_ctrl_c_marks_jobs_interrupted_and_the_same_command_resumes(tmp_path):
     root = tmp_path / "store"
-    driver = subprocess.Popen([*CLI, "sweep", *LONG, f"store.root={root}", "--name", "e2e"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for(lambda: _running_pid(root))
+    driver = start_sweep(root, *LONG)
+    wait_for(lambda: running_train(root))
     driver.send_signal(signal.SIGINT)
     out, _ = driver.communicate(timeout=120)
     assert driver.returncode == 130, out

@@ -124,7 +124,8 @@ def swept(tmp_path_factory) -> tuple[Path, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env |= {"WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": UNREACHABLE}
     out = subprocess.run([sys.executable, "-m", "orchestrator", "sweep", "size=micro",
-                          "family=dense", "seed=0", f"store.root={root}", "--name", "t"],
+                          "family=dense", "seed=0", "eval.jobs=[regbench]", f"store.root={root}",
+                          "--name", "t"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "W&B: sweep summary logged" in out.stdout and "TrackingWarning" not in out.stderr

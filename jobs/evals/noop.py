@@ -5,6 +5,6 @@ from pathlib import Path
 from ..registry import JobResult, Progress, evaluation
 
 
-@evaluation("noop", metrics=("noop",))
+@evaluation("noop", metrics=("noop",), data=("regbench", "arith"))
 def noop(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
     return JobResult(metrics={"noop": 1.0}, higher_is_better={"noop": True})

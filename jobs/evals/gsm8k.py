@@ -1,0 +1,109 @@
+"""GSM8K 8-shot exact match in lm-evaluation-harness's format, for text models.
+
+Prompt: n_shots worked examples of the train split (`Question: {q}\\nAnswer: {a}\\n\\n` each, drawn
+per problem from a seeded generator), then `Question: {q}\\nAnswer:`; greedy decoding until a
+stop string. Two scores per problem, as the harness's two filters: `strict` takes the first
+`#### <number>`, `flexible` the last number-like string; both are compared with the reference
+after removing commas, `$`, everything up to `#### ` and a trailing period, ignoring case.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from jobs import tokenizer
+from jobs.checkpoint import load_model
+from jobs.data import arith, gsm8k
+from jobs.generate import greedy
+from jobs.model import Decoder
+from jobs.registry import JobResult, Progress, evaluation
+
+STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+IGNORE = (re.compile(","), re.compile(r"\$"), re.compile(r"(?s).*#### "), re.compile(r"\.$"))
+INVALID = "[invalid]"
+METRICS = ("gsm8k_em_strict", "gsm8k_em_flexible")
+
+
+def extract_strict(text: str) -> str:
+    """The number of the first `#### <number>`, or `[invalid]`."""
+    match = STRICT.search(text)
+    return match.group(1) if match else INVALID
+
+
+def extract_flexible(text: str) -> str:
+    """The last number-like match (a run of digits, `$`, `.`, `,` of length >= 2, or an
+    integer), or `[invalid]`."""
+    matches = FLEXIBLE.findall(text)
+    return next(group for group in matches[-1] if group) if matches else INVALID
+
+
+def normalise(answer: str) -> str:
+    """What exact match compares: without commas, `$`, anything up to `#### `, a final period."""
+    for pattern in IGNORE:
+        answer = pattern.sub("", answer)
+    return answer.lower()
+
+
+def exact_match(prediction: str, reference: str) -> bool:
+    """The harness's exact_match with gsm8k's regexes_to_ignore and ignore_case."""
+    return normalise(prediction) == normalise(reference)
+
+
+def prompt_text(shots: list[gsm8k.Problem], problem: gsm8k.Problem) -> str:
+    """The harness's few-shot prompt: the worked shots, then the question to answer."""
+    return "".join(gsm8k.shot(s) for s in shots) + gsm8k.query(problem)
+
+
+def problems(cfg: Mapping[str, Any]) -> dict[str, list[gsm8k.Problem]]:
+    """Train and test problems from the configured source (see jobs/data/gsm8k.py)."""
+    path = cfg["eval"]["gsm8k"]["path"]
+    if path is None and cfg["data"]["kind"] == "arith":
+        return arith.splits(cfg["data"])
+    return {split: gsm8k.load_split(path, split) for split in ("train", "test")}
+
+
+def evaluate(model: Decoder, data: Mapping[str, list[gsm8k.Problem]], settings: Mapping[str, Any]) -> JobResult:
+    """Generate for the first `limit` test problems (all when null) and score them."""
+    train, test = data["train"], data["test"]
+    n_shots, max_new = int(settings["n_shots"]), int(settings["max_new_tokens"])
+    if len(train) < n_shots:
+        raise ValueError(f"eval.gsm8k.n_shots={n_shots}: the train split has only {len(train)} problems")
+    test = test if settings["limit"] is None else test[:int(settings["limit"])]
+    keep = model.rope_cos.shape[0] - max_new  # prompt tokens that leave room to answer
+    rows = []
+    for index, problem in enumerate(test):
+        rng = np.random.default_rng([int(settings["shot_seed"]), index])
+        shots = [train[i] for i in rng.choice(len(train), size=n_shots, replace=False)]
+        ids = tokenizer.encode(prompt_text(shots, problem), bos=True)
+        truncated = len(ids) > keep
+        if truncated:  # cut from the left, as the harness does, keeping the BOS
+            ids = ids[:1] + ids[len(ids) - keep + 1:]
+        out = greedy(model, ids, max_new)
+        strict, flexible = extract_strict(out.text), extract_flexible(out.text)
+        rows.append({"item_id": index, "generation": out.text, "stopped_by": out.stopped_by,
+                     "prompt_tokens": len(ids), "truncated": truncated, "target": normalise(problem["answer"]),
+                     "strict": strict, "flexible": flexible,
+                     "gsm8k_em_strict": float(exact_match(strict, problem["answer"])),
+                     "gsm8k_em_flexible": float(exact_match(flexible, problem["answer"]))})
+    frame = pd.DataFrame(rows)
+    items = frame.melt(id_vars=[c for c in frame.columns if c not in METRICS], value_vars=list(METRICS),
+                       var_name="metric", value_name="score").assign(weight=1.0)
+    first = ["item_id", "metric", "score", "weight"]
+    items = items[first + [c for c in items.columns if c not in first]]
+    metrics = {name: float(frame[name].mean()) for name in METRICS}
+    metrics["gsm8k_truncated"] = float(frame["truncated"].mean())
+    return JobResult(metrics=metrics, higher_is_better={name: True for name in METRICS} | {"gsm8k_truncated": False},
+                     items=items)
+
+
+@evaluation("gsm8k", metrics=METRICS, data=("arith",))
+def gsm8k_job(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
+    """The registered job: the run's final checkpoint, n_shots-shot exact match."""
+    model = load_model(cfg, run_dir)
+    return evaluate(model, problems(cfg), cfg["eval"]["gsm8k"])

@@ -1,0 +1,64 @@
+"""Attention patterns of a trained decoder, read through forward hooks (the model is not edited).
+
+Each call of a layer's attention is one *application* (a looped model's shared block is applied
+several times, each with its own pattern); applications are numbered in plan order.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from jobs.model import Attention, Decoder, apply_rope
+
+
+def pattern(attn: Attention, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(hd)) with the causal mask, [B, n_heads, T, T], recomputed from the
+    module's own projections and rope tables; each query head uses its grouped key head (GQA)."""
+    batch, seq, _ = x.shape
+    q = attn.q_proj(x).view(batch, seq, attn.n_heads, attn.head_dim).transpose(1, 2)
+    k = attn.k_proj(x).view(batch, seq, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim)
+    future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
+    return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+
+
+@torch.no_grad()
+def attention_patterns(model: Decoder, tokens: Tensor) -> Tensor:
+    """Patterns of every application, [len(model.plan), B, n_heads, T, T]."""
+    found: list[Tensor] = []
+
+    def record(module: Attention, args: tuple, _output: Tensor) -> None:
+        x, cos, sin = args[:3]
+        found.append(pattern(module, x, cos, sin))
+
+    handles = [layer.attn.register_forward_hook(record) for layer in model.layers]
+    try:
+        model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.stack(found)
+
+
+def induction_targets(tokens: Tensor) -> Tensor:
+    """Prefix-matching pattern P [B, T, T]: P[i, j] = 1 iff j - 1 < i, j <= i and token[j - 1] ==
+    token[i], i.e. j follows an earlier occurrence of the current token."""
+    same = tokens[:, :, None] == tokens[:, None, :]  # [B, i, j-1]
+    seq = tokens.shape[1]
+    earlier = torch.ones(seq, seq, dtype=torch.bool).tril(-1)
+    target = torch.zeros_like(same)
+    target[:, :, 1:] = (same & earlier)[:, :, :-1]
+    return target
+
+
+def induction_scores(patterns: Tensor, tokens: Tensor) -> Tensor:
+    """Mean attention mass on the prefix-matching positions, over rows that have one (the "mul"
+    measure: mass on P over total mass, which is 1), [applications, n_heads]."""
+    target = induction_targets(tokens).to(patterns.dtype)  # [B, T, T]
+    rows = target.sum(-1) > 0  # [B, T]
+    mass = (patterns * target[None, :, None]).sum(-1)  # [A, B, H, T]
+    return (mass * rows[None, :, None]).sum((1, 3)) / rows.sum()

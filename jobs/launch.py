@@ -1,0 +1,206 @@
+"""Multi-process jobs: build and run a `torchrun` command, and the per-rank entry point.
+
+`run_torchrun` is the one way this project starts `torchrun` (the torch backend's DDP training
+uses it through `python -m jobs.launch`; other trainers pass their own entry script or module).
+It uses torchrun's static rendezvous: every node is told the node count, its rank and the
+address of node rank 0, so no rendezvous server is needed.
+
+Ranks speak to the launcher on stdout with one-line JSON records: `@@progress {...}` from rank 0
+(relayed to the orchestrator's live view) and `@@error {...}` from a rank that failed (the
+reason the launcher reports). jobs never imports orchestrator, so this is the whole protocol.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from jobs.registry import JobResult
+
+PROGRESS, ERROR = "@@progress ", "@@error "
+_EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(?:Error|Exception)): .+")
+
+
+class LaunchError(RuntimeError):
+    """torchrun exited non-zero; the message is the failing rank's own error line."""
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (the rendezvous binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(entry: Sequence[str], *, nnodes: int, nproc_per_node: int, node_rank: int,
+                     master_addr: str, master_port: int) -> list[str]:
+    """`python -m torch.distributed.run` with a static rendezvous, then `entry`: a script and
+    its arguments, or `["-m", "package.module", *args]`."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+            f"--nproc_per_node={nproc_per_node}", f"--node_rank={node_rank}",
+            f"--master_addr={master_addr}", f"--master_port={master_port}", "--max_restarts=0",
+            *entry]
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent dies (a force-cancelled Ray worker is
+    SIGKILLed and cannot clean up; torchrun then stops its ranks on that SIGTERM)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def run_torchrun(entry: Sequence[str], *, nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
+                 master_addr: str = "127.0.0.1", master_port: Optional[int] = None,
+                 threads_per_proc: int = 1, env: Optional[dict[str, str]] = None,
+                 on_line: Optional[Callable[[str], None]] = None, cwd: Optional[str] = None) -> None:
+    """Run torchrun for this node and wait for it; raises LaunchError with the child's error line.
+
+    Every output line of the ranks goes to `on_line` (progress records included). If the caller
+    is interrupted (a cancelled Ray task raises KeyboardInterrupt), the whole process group of
+    torchrun and its ranks is terminated before the exception propagates."""
+    command = torchrun_command(entry, nnodes=nnodes, nproc_per_node=nproc_per_node,
+                               node_rank=node_rank, master_addr=master_addr,
+                               master_port=master_port if master_port is not None else free_port())
+    threads = str(max(1, threads_per_proc))
+    child_env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+                 "PYTHONUNBUFFERED": "1", **(env or {})}
+    tail: collections.deque[str] = collections.deque(maxlen=50)
+    reported: list[str] = []
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=child_env, cwd=cwd, start_new_session=True,
+                            preexec_fn=_die_with_parent, bufsize=1)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if line.startswith(ERROR):
+                reported.append(json.loads(line[len(ERROR):])["error"])
+            elif line.strip():
+                tail.append(line)
+            if on_line is not None:
+                on_line(line)
+        code = proc.wait()
+    except BaseException:
+        _stop(proc)
+        raise
+    if code != 0:
+        raise LaunchError(f"torchrun (node {node_rank} of {nnodes}, {nproc_per_node} processes) "
+                          f"exited with {code}: {reported[0] if reported else last_error(tail)}")
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the child's process group, then SIGKILL whatever is left after `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def last_error(lines: Sequence[str]) -> str:
+    """The last `SomeError: message` line that is not torchrun's own summary, else the last line."""
+    for line in reversed(lines):
+        m = _EXCEPTION_LINE.match(line.strip())
+        if m and "ChildFailedError" not in m.group(1):
+            return line.strip()
+    return lines[-1].strip() if lines else "no output"
+
+
+def parse_progress(line: str) -> Optional[dict]:
+    """The progress record carried by a line of rank 0's output, or None."""
+    return json.loads(line[len(PROGRESS):]) if line.startswith(PROGRESS) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Job results cross the process boundary as JSON (no pickles).
+
+def dump_result(result: JobResult, path: Path) -> None:
+    frames = {k: None if df is None else df.to_dict(orient="list")
+              for k, df in (("items", result.items), ("history", result.history))}
+    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"metrics": result.metrics, "higher_is_better": result.higher_is_better,
+                   "curves": result.curves, **frames}, f)
+    os.replace(tmp, path)
+
+
+def load_result(path: Path) -> JobResult:
+    import pandas as pd
+
+    from jobs.registry import JobResult  # noqa: F811 (the runtime import)
+
+    raw = json.loads(Path(path).read_text())
+    frames = {k: None if raw[k] is None else pd.DataFrame(raw[k]) for k in ("items", "history")}
+    return JobResult(metrics=raw["metrics"], higher_is_better=raw["higher_is_better"],
+                     curves=raw["curves"], **frames)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-rank entry: python -m jobs.launch --job train --config cfg.json --run-dir D --result R
+
+def init_distributed() -> None:
+    """NCCL when this rank drives a GPU, gloo otherwise (CPU DDP, how it is tested here)."""
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="one rank of a multi-process job")
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--config", required=True, type=Path, help="resolved run config (JSON)")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--result", required=True, type=Path, help="where rank 0 writes the result")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+
+    import torch
+    import torch.distributed as dist
+
+    from jobs.registry import get_job
+
+    torch.set_num_threads(args.threads)
+    cfg = json.loads(args.config.read_text())
+    rank = int(os.environ.get("RANK", 0))
+    init_distributed()
+    try:
+        def progress(p: dict) -> None:
+            print(PROGRESS + json.dumps(p), flush=True)
+        result = get_job(args.job)(cfg, args.run_dir, progress if rank == 0 else (lambda p: None))
+        if rank == 0:
+            dump_result(result, args.result)
+    except Exception as e:
+        print(ERROR + json.dumps({"rank": rank, "error": f"rank {rank}: {type(e).__name__}: {e}"}),
+              flush=True)
+        raise
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

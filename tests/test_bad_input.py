@@ -1,0 +1,154 @@
+"""Bad input through the real CLI (in-process `main`): each case is one line naming the problem
+and the fix, exit 2 (usage) or 1 (runtime), and the store byte-identical before and after."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator import config
+from orchestrator.cli import main
+from orchestrator.store import FORMAT_VERSION, Store, write_json
+
+MICRO = ["size=micro", "family=dense", "seed=0"]
+
+# (argv, exit code, text the single error line must contain); {store} is the populated store.
+CASES = [
+    # group choices, keys and types
+    (["sweep", "family=foo"], 2, "family=foo: no such family; choose one of: dense, lidas, looped"),
+    (["sweep", "size=huge"], 2, "size=huge: no such size; choose one of: 1b7, 360m, 3b, micro"),
+    (["sweep", "family=[]"], 2, "family=[]: a list of family options; choose one"),
+    (["sweep", "model=foo"], 2, "model: is a config section, not a str; set one of its keys"),
+    (["sweep", "train.stepz=3"], 2, "train.stepz: unknown key; check the spelling"),
+    (["sweep", "+train.stepz=3"], 2, "train.stepz: unknown key; check the spelling"),
+    (["sweep", "train.steps=abc"], 2, "train.steps=abc: expected integer, got 'abc'"),
+    (["sweep", "train.lr=fast"], 2, "train.lr=fast: expected float, got 'fast'"),
+    (["sweep", "eval.jobs=[nope]"], 2, "eval.jobs=nope: not allowed; choose one of: "),
+    # seeds and sweep lists
+    (["sweep", "seed=-1"], 2, "seed=-1: must be a non-negative integer"),
+    (["sweep", "seed=1.5"], 2, "seed=1.5: expected integer, got '1.5'"),
+    (["sweep", "--dry-run", "family=dense", "seed=x,1"], 2, "seed=x: expected integer"),
+    (["sweep", "seed=range(3,3)"], 2, "seed: the sweep is empty; give at least one value"),
+    # malformed overrides, shell metacharacters (never run: overrides are data, not commands)
+    (["sweep", "seed=[1,"], 2, "malformed override 'seed=[1,'"),
+    (["sweep", "=3"], 2, "malformed override '=3': no key before '='; write key=value"),
+    (["sweep", "seed=$(touch pwned)"], 2, "malformed override 'seed=$(touch pwned)'"),
+    (["sweep", "family=dense;touch pwned"], 2, "malformed override 'family=dense;touch pwned'"),
+    (["sweep", "family=dense&&touch pwned"], 2, "malformed override 'family=dense&&touch pwned'"),
+    (["sweep", "family=`touch pwned`"], 2, "malformed override 'family=`touch pwned`'"),
+    (["sweep", "train.steps=1|touch pwned"], 2, "train.steps=1|touch pwned: expected integer"),
+    (["sweep", "--name", "../../escape", *MICRO], 2, "--name '../../escape': it names a directory under sweeps/"),
+    # growth, loops, shapes
+    (["sweep", "family=lidas", "size=micro", "family.growth.initial_blocks=4"], 2,
+     "family.growth.initial_blocks=4: the schedule does not grow (final depth 4 = 4 blocks of 1); use fewer"),
+    (["sweep", "family=lidas", "size=micro", "family.growth.initial_blocks=9"], 2,
+     "family.growth.initial_blocks=9: the schedule does not grow"),
+    (["sweep", "family=lidas", "size=micro", "family.growth.block_layers=3"], 2,
+     "family.growth.block_layers=3: must divide model.n_layers=4"),
+    (["sweep", "family=looped", "family.loop.block_layers=7"], 2,
+     "family.loop.block_layers=7: block plus prelude and coda (13 layers) exceed model.n_layers=6"),
+    (["sweep", "family=looped", "family.loop.loops=0"], 2,
+     "family.loop.loops=0: a looped model needs loops >= 2 (set family.loop.loops"),
+    (["sweep", "family=lidas", "train.steps=2", "train.warmup_steps=0"], 2,
+     "train.steps=2: fewer than the 3 growth stages; raise train.steps"),
+    (["sweep", "size=micro", "model.n_heads=5"], 2, "model.n_heads=5: must divide model.d_model=32"),
+    (["sweep", "model.n_kv_heads=3"], 2, "model.n_kv_heads=3: must divide model.n_heads=2"),
+    (["sweep", "train.max_retries=-1"], 2, "train.max_retries=-1: must be >= 0"),
+    # usage
+    (["sweeep"], 2, "invalid choice: 'sweeep'"),
+    (["status", "--store"], 2, "argument --store: expected one argument; see `python -m orchestrator status --help`"),
+    # the store
+    (["report", "nope", "--store", "{store}"], 1, "no sweep named 'nope' in"),
+    (["status", "--store", "{empty}"], 1, "no sweeps in"),
+    (["report", "--store", "{empty}"], 1, "no sweeps in"),
+    (["status", "--store", "{future}"], 1, f"format version 99, newer than this code's {FORMAT_VERSION}; upgrade"),
+    (["report", "x", "--store", "{future}"], 1, "format version 99, newer"),
+    (["sweep", *MICRO, "store.root={future}"], 1, "format version 99, newer"),
+    (["status", "--store", "{torn}"], 1, "sweep.yaml: unreadable"),
+]
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_mode, p.read_bytes() if p.is_file() else None)
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[str, Path]:
+    """A store with a sweep and a finished-looking run, an empty directory, a store from a
+    future format version, and one whose sweep.yaml was cut short."""
+    base = tmp_path_factory.mktemp("stores")
+    store = Store(base / "store")
+    store.create()
+    store.record_sweep("demo", ["family=dense"], ["abc123abc123"])
+    store.start_job("abc123abc123", "train", ["train"])
+    store.end_job("abc123abc123", "train", ["train"])
+    (base / "empty").mkdir()
+    write_json(base / "future" / "store.json", {"format_version": 99})
+    torn = Store(base / "torn")
+    torn.create()
+    torn.record_sweep("t", [], ["a"])
+    path = torn.sweep_dir("t") / "sweep.yaml"
+    path.write_text(path.read_text()[:12] + "\n  - [")
+    return {name: base / name for name in ("store", "empty", "future", "torn")}
+
+
+def run_case(argv: list[str], stores: dict[str, Path], capsys) -> tuple[int, list[str]]:
+    argv = [a.format(**stores) for a in argv]
+    if argv[0] == "sweep" and not any(a.startswith("store.root=") for a in argv):
+        argv.append(f"store.root={stores['store']}")
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code
+    out = capsys.readouterr()
+    return code, [line for line in (out.out + out.err).splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("argv, code, needle", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_input_is_one_line_with_the_fix_and_changes_nothing(argv, code, needle, stores, capsys,
+                                                                 tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a shell would have created `pwned`
+    before = {name: snapshot(root) for name, root in stores.items()}
+    got, lines = run_case(argv, stores, capsys)
+    assert (got, len(lines)) == (code, 1), lines
+    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
+    assert {name: snapshot(root) for name, root in stores.items()} == before
+    assert not list(tmp_path.iterdir())
+
+
+def test_yaml_syntax_error_in_conf_names_the_file_and_line(stores, capsys, tmp_path, monkeypatch):
+    conf = tmp_path / "conf"
+    shutil.copytree(config.CONF_DIR, conf)
+    (conf / "family" / "dense.yaml").write_text("name: dense\n  growth: [\n")
+    monkeypatch.setattr(config, "CONF_DIR", conf)
+    before = snapshot(stores["store"])
+    code, lines = run_case(["sweep", "family=dense", "seed=0"], stores, capsys)
+    assert (code, len(lines)) == (2, 1), lines
+    assert lines[0].startswith(f"error: {conf / 'family' / 'dense.yaml'}:2: YAML syntax error (")
+    assert lines[0].endswith("; fix that file")
+    assert snapshot(stores["store"]) == before
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nobody may write to: a read-only tmpfs for root (who ignores permissions)."""
+    path = tmp_path / "ro"
+    path.mkdir()
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], check=True)
+        yield path
+        subprocess.run(["umount", str(path)], check=True)
+    else:
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+
+
+def test_a_store_without_write_permission_fails_in_one_line(read_only_dir, stores, capsys):
+    code, lines = run_case(["sweep", *MICRO, f"store.root={read_only_dir / 'store'}"], stores, capsys)
+    assert (code, len(lines)) == (1, 1), lines
+    assert lines[0].startswith(f"error: store.root={read_only_dir / 'store'}: not writable (")
+    assert "fix its permissions or choose another store.root" in lines[0]
+    assert not list(read_only_dir.iterdir())

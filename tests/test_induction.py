@@ -1,0 +1,67 @@
+"""Induction scores on hand-built patterns, hooked patterns against the model's own attention,
+and the ancestry concentration test against hand-counted values."""
+import math
+
+import numpy as np
+import torch
+
+from jobs.evals.induction import concentration, concentration_test, head_table, repeated_sequences, score
+from jobs.interp import attention_patterns, induction_scores, induction_targets
+from jobs.model import Decoder, apply_rope
+
+MODEL = {"d_model": 16, "n_heads": 4, "n_kv_heads": 2, "d_ff": 32, "vocab_size": 20, "max_seq_len": 32,
+         "rope_theta": 10000.0, "norm_eps": 1e-5, "init_std": 0.3, "tie_embeddings": True}
+
+
+def test_planted_induction_head_scores_one_and_uniform_head_its_known_value():
+    tokens = repeated_sequences(3, 5, seed=0)  # | s | s: 12 tokens
+    target = induction_targets(tokens).float()
+    seq = tokens.shape[1]
+    uniform = torch.ones(seq, seq).tril() / torch.arange(1, seq + 1)[:, None]
+    patterns = torch.stack([target, uniform.expand_as(target)], dim=1)[None]  # [1, B, 2, T, T]
+    scores = induction_scores(patterns, tokens)
+    assert scores[0, 0].item() == 1.0
+    rows = [i for i in range(seq) if target[0, i].sum() > 0]
+    assert rows == list(range(6, 12))  # the second separator (it matches the first) and the second copy
+    assert math.isclose(scores[0, 1].item(), np.mean([1 / (i + 1) for i in rows]), rel_tol=1e-6)
+
+
+def test_hooked_patterns_reproduce_the_attention_output_per_application():
+    torch.manual_seed(0)
+    model = Decoder(MODEL, 2, [0, 1, 1, 0]).eval()  # looped: layers applied twice, GQA
+    tokens = repeated_sequences(2, 6, seed=1)
+    patterns = attention_patterns(model, tokens)
+    assert patterns.shape == (4, 2, 4, 14, 14)
+    outputs = []
+    model.layers[1].attn.register_forward_hook(lambda mod, args, out: outputs.append((mod, args)))
+    model(tokens)
+    attn, (x, cos, sin, *_) = outputs[1]  # layer 1's second application = plan step 2
+    v = attn.v_proj(x).view(2, 14, 2, 4).transpose(1, 2).repeat_interleave(2, dim=1)
+    q = apply_rope(attn.q_proj(x).view(2, 14, 4, 4).transpose(1, 2), cos, sin)
+    k = apply_rope(attn.k_proj(x).view(2, 14, 2, 4).transpose(1, 2), cos, sin)
+    torch.testing.assert_close(patterns[2] @ v, attn.attend(q, k, attn.v_proj(x).view(2, 14, 2, 4).transpose(1, 2)))
+    table = head_table(model, tokens)
+    assert table["iteration"].tolist()[::4] == [0, 0, 1, 1] and table["layer"].tolist()[::4] == [0, 1, 1, 0]
+
+
+def test_concentration_counts_and_exact_p_value():
+    groups = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2])  # 3 ancestors x 3 descendants
+    assert concentration(groups, np.array([0, 1, 2]), 1) == 3
+    stat, chance, p = concentration_test(groups, np.array([0, 1, 2]), 1, seed=0)
+    assert stat == 3 and math.isclose(p, 3 / math.comb(9, 3))  # only the 3 all-one-ancestor sets
+    _, _, p_spread = concentration_test(groups, np.array([0, 3, 6]), 1, seed=0)
+    assert p_spread == 1.0 and chance > 1
+
+
+def test_score_metrics_only_for_lidas_and_deterministic():
+    torch.manual_seed(0)
+    model = Decoder(MODEL, 4, [0, 1, 2, 3], ancestors=[0, 1, 0, 1]).eval()
+    cfg = {"seed": 0, "family": {"name": "lidas"},
+           "eval": {"induction": {"sequences": 8, "length": 6, "top_k": 4, "ancestors_m": 2}}}
+    first, second = score(model, cfg), score(model, cfg)
+    assert first.metrics == second.metrics
+    assert 0 <= first.metrics["ancestry_p"] <= 1 and first.metrics["ancestry_top_in_best"] >= 2
+    assert first.metrics["induction_max"] >= first.metrics["induction_topk_mean"] >= first.metrics["induction_mean"]
+    assert len(first.curves["induction_heads"]["score"]) == 16
+    dense = score(model, cfg | {"family": {"name": "dense"}})
+    assert "ancestry_p" not in dense.metrics
