@@ -60,6 +60,10 @@ CONTEXT_CURVE, CONTEXT_X, CONTEXT_COUNT = "tvd_by_context", "n_context_strings",
 CONTEXT_X_LABEL = "strings of the instance's language already in the context"
 FLOPS = "train_flops"
 HEADS_CURVE, TOP_HEADS = "induction_heads", 3
+ABLATION_CURVE = "ablation_by_fraction"
+ABLATION_CONDITIONS = {"": "mean-ablated top heads", "_zero": "zero-ablated top heads",
+                       "_random": "mean-ablated random heads"}
+PAPER_SIZES = ("360m", "1b7", "3b")  # conf/size: the paper-scale configs of the FLOPs table
 
 
 HB_FINAL = 10_000  # seed x item bootstrap resamples for a written report (statistics.md (c))
@@ -92,6 +96,7 @@ class Analysis:
     history: pd.DataFrame  # training logs, for the loss curves (`load_history`)
     curves: pd.DataFrame  # TVD by number of in-context strings (`load_curves`)
     heads: pd.DataFrame = field(default_factory=pd.DataFrame)  # per-head induction scores (HEADS_CURVE)
+    ablation: pd.DataFrame = field(default_factory=pd.DataFrame)  # drop by ablated fraction (ABLATION_CURVE)
 
 
 def options_for(spec: Mapping) -> AnalysisOptions:
@@ -119,7 +124,8 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
                             options.alpha, options.delta_min, options.seed, by=keys, items=items,
                             n_boot=HB_FINAL),
         options=options, keys=tuple(keys), history=load_history(store_root, sweep),
-        curves=load_curves(store_root, sweep, CONTEXT_CURVE), heads=load_curves(store_root, sweep, HEADS_CURVE))
+        curves=load_curves(store_root, sweep, CONTEXT_CURVE), heads=load_curves(store_root, sweep, HEADS_CURVE),
+        ablation=load_curves(store_root, sweep, ABLATION_CURVE))
 
 
 def _nullable(table: pd.DataFrame) -> pd.DataFrame:
@@ -559,6 +565,77 @@ def _induction_section(analysis: Analysis) -> list[str]:
                                                     "chance mean", "p"], table)]
 
 
+def _seed_means(analysis: Analysis, metrics: list[str]) -> pd.DataFrame:
+    """Per family and size, each metric's mean over the seeds that have it, and the seed count."""
+    values = analysis.values[analysis.values["metric"].isin(metrics)]
+    means = values.pivot_table(index=["family", "size"], columns="metric", values="value", aggfunc="mean")
+    return means.assign(seeds=values.groupby(["family", "size"])["seed"].nunique()).reset_index()
+
+
+def _ablation_section(analysis: Analysis) -> list[str]:
+    """Few-shot F1 drop and held-out TVD rise when the top induction heads are ablated, with the
+    zero-ablation and random-heads controls, then the drop at every ablated fraction."""
+    names = [f"ablation_{kind}{suffix}" for kind in ("drop_f1", "tvd_rise") for suffix in ABLATION_CONDITIONS]
+    if not analysis.values["metric"].eq("ablation_drop_f1").any():
+        return []
+    table = _seed_means(analysis, [*names, "fewshot_f1", "ablation_heads"])
+    rows = [[r["family"], r["size"], str(r["seeds"]), _num(r["ablation_heads"]), _num(r["fewshot_f1"]),
+             *[_signed(r[name]) if name in r and pd.notna(r[name]) else "-" for name in names]]
+            for _, r in table.iterrows()]
+    header = ["family", "size", "seeds", "heads ablated", "clean few-shot score",
+              *[f"F1 drop, {label}" for label in ABLATION_CONDITIONS.values()],
+              *[f"TVD rise, {label}" for label in ABLATION_CONDITIONS.values()]]
+    lines = ["## Head ablation", "", "Mean over seeds. The top fraction of head applications by induction score"
+             " (eval.ablation.fraction) has its per-head output replaced by its mean over a reference batch;"
+             " controls: replaced by zero, and as many random heads mean-ablated. Few-shot score: mean over the"
+             " tasks of jobs/data/fewshot.py (token F1) and held-out next-symbol accuracy; drop = clean -"
+             " ablated (> 0: the model relies on those heads). TVD rise: ablated - clean held-out RegBench TVD.",
+             "", *_md_table(header, rows)]
+    curve = analysis.ablation
+    if curve.empty:
+        return lines
+    by = curve.groupby(["family", "size", "fraction"], sort=True)[["heads", "drop_f1", "tvd_rise"]].mean()
+    rows = [[family, size, _num(fraction), _num(r["heads"]), _signed(r["drop_f1"]), _signed(r["tvd_rise"])]
+            for (family, size, fraction), r in by.iterrows()]
+    return lines + ["", "Drop by ablated fraction (mean-ablation of the top heads, mean over seeds;"
+                    " eval.ablation.fractions):", "",
+                    *_md_table(["family", "size", "fraction", "heads", "F1 drop", "TVD rise"], rows)]
+
+
+@functools.lru_cache(maxsize=1)
+def paper_scale_flops() -> tuple[tuple[str, int, int, int, float], ...]:
+    """(size, layers, block, steps, LIDAS/dense FLOP ratio) of the paper-scale configs, composed
+    through Hydra as a sweep would compose them (schedule_flops over the LIDAS stage schedule)."""
+    from jobs.flops import lidas_flop_ratio
+    from orchestrator.config import compose_run, hydra_session
+    with hydra_session():
+        configs = [compose_run([f"size={size}", "family=lidas"]) for size in PAPER_SIZES]
+    return tuple((size, c["model"]["n_layers"], c["model"]["block_size"], c["train"]["steps"], lidas_flop_ratio(c))
+                 for size, c in zip(PAPER_SIZES, configs))
+
+
+def _flops_section(analysis: Analysis) -> list[str]:
+    """Training FLOPs per family and size from the runs' schedules, LIDAS's saving against dense, and
+    the same accounting for the paper-scale configs (the paper reports a 26% saving at 3B)."""
+    lines = ["## Training FLOPs", "", "Counted from each run's stage schedule (jobs/flops.py): per token at"
+             " effective depth L, `F(L) = 6 (L P_layer + V d) + 6 L n_ctx d` with `P_layer = d H hd + 2 d K hd +"
+             " H hd d + 3 d d_ff`; a run's FLOPs are `tokens_per_step * sum_s steps_s F(L_s)` over its stages."
+             " Saving = 1 - family / dense at the same size.", ""]
+    table = _seed_means(analysis, [FLOPS])
+    if FLOPS in table.columns:
+        dense = table[table["family"] == analysis.options.baseline].set_index("size")[FLOPS]
+        rows = [[r["family"], r["size"], f"{r[FLOPS]:.3e}",
+                 f"{1 - r[FLOPS] / dense[r['size']]:.1%}" if r["size"] in dense.index else "-"]
+                for _, r in table.iterrows()]
+        lines += _md_table(["family", "size", "training FLOPs", f"saving vs {analysis.options.baseline}"], rows)
+    rows = [[size, str(layers), str(block), str(steps), f"{ratio:.3f}", f"{1 - ratio:.1%}"]
+            for size, layers, block, steps, ratio in paper_scale_flops()]
+    return lines + ["", "Paper-scale configs (conf/size, composed with family=lidas; dense = the same final"
+                    " depth for all steps, n_ctx = model.max_seq_len). The paper reports 26% fewer training"
+                    " FLOPs at 3B.", "", *_md_table(["size", "layers", "block", "steps", "LIDAS / dense FLOPs",
+                                                      "saving"], rows)]
+
+
 # ---- figures ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -811,7 +888,8 @@ def render_markdown(analysis: Analysis, figures: list[Plot] | None = None) -> st
              "", "## Results per metric", ""]
     for metric in _metrics(analysis):
         lines += [*_metric_section(analysis, metric), ""]
-    lines += [*_induction_section(analysis), "", *_comparison_section(analysis), *_figures_section(figures), "", *_how_sure(analysis), "",
+    lines += [*_induction_section(analysis), "", *_ablation_section(analysis), "", *_flops_section(analysis), "",
+              *_comparison_section(analysis), *_figures_section(figures), "", *_how_sure(analysis), "",
               *_failed_section(analysis), "", *_how_to_read(analysis)]
     return "\n".join(lines) + "\n"
 

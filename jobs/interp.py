@@ -1,4 +1,5 @@
-"""Attention patterns of a trained decoder, read through forward hooks (the model is not edited).
+"""Attention patterns and per-head outputs of a trained decoder, read and replaced through hooks
+(the model is not edited).
 
 Each call of a layer's attention is one *application* (a looped model's shared block is applied
 several times, each with its own pattern); applications are numbered in plan order.
@@ -6,6 +7,8 @@ several times, each with its own pattern); applications are numbered in plan ord
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -62,3 +65,56 @@ def induction_scores(patterns: Tensor, tokens: Tensor) -> Tensor:
     rows = target.sum(-1) > 0  # [B, T]
     mass = (patterns * target[None, :, None]).sum(-1)  # [A, B, H, T]
     return (mass * rows[None, :, None]).sum((1, 3)) / rows.sum()
+
+
+HeadFn = Callable[[int, Tensor], Tensor | None]  # (application, heads [B, T, n_heads, head_dim]) -> new heads
+
+
+@contextmanager
+def on_head_outputs(model: Decoder, fn: HeadFn) -> Iterator[None]:
+    """Within the block, every application's per-head outputs (o_proj's input, the heads side by
+    side) pass through `fn`, which may return replacements. Applications are counted from each
+    forward pass's start, so a shared o_proj knows which of its applications it is serving."""
+    step = [0]
+
+    def restart(_module: Decoder, _args: tuple) -> None:
+        step[0] = 0
+
+    def per_head(module: torch.nn.Linear, args: tuple) -> tuple | None:
+        (joined,) = args
+        application, step[0] = step[0], step[0] + 1
+        heads = model.layers[model.plan[application]].attn.n_heads
+        new = fn(application, joined.unflatten(-1, (heads, -1)))
+        return None if new is None else (new.flatten(-2),)
+
+    handles = [model.register_forward_pre_hook(restart)]
+    handles += [layer.attn.o_proj.register_forward_pre_hook(per_head) for layer in model.layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def head_means(model: Decoder, tokens: Tensor) -> Tensor:
+    """Each application's per-head output averaged over batch and positions, [applications,
+    n_heads, head_dim]: the mean-ablation replacement."""
+    means: list[Tensor] = []
+    with on_head_outputs(model, lambda _application, heads: means.append(heads.mean((0, 1)))):
+        model(tokens)
+    return torch.stack(means)
+
+
+@contextmanager
+def replace_heads(model: Decoder, chosen: Tensor, values: Tensor) -> Iterator[None]:
+    """Within the block, head h of application a outputs values[a, h] at every position wherever
+    chosen[a, h] (bool [applications, n_heads]); zeros for zero-ablation, `head_means` for mean."""
+    def replace(application: int, heads: Tensor) -> Tensor | None:
+        mask = chosen[application]
+        if not mask.any():
+            return None
+        return torch.where(mask[:, None], values[application].to(heads.dtype), heads)
+
+    with on_head_outputs(model, replace):
+        yield

@@ -131,6 +131,16 @@ class InductionEvalConfig:
 
 
 @dataclass
+class AblationEvalConfig:
+    """jobs/evals/ablation.py: every fraction in one job (eval settings are semantic, so a sweep
+    over `fraction` would retrain); `fraction` gives the headline metrics."""
+    fraction: float = 0.2    # headline: the top fraction of head applications ablated
+    fractions: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.4])  # the curve
+    prompts: int = 32        # prompts per few-shot task (jobs/data/fewshot.py)
+    reference_batch: int = 16  # training-distribution instances the head means are taken over
+
+
+@dataclass
 class Gsm8kEvalConfig:
     """jobs/evals/gsm8k.py. Problems from `path`: a JSONL file (`{split}` -> train/test), `hub`
     (`openai/gsm8k` through Hugging Face `datasets`), or null: the arith data's own splits."""
@@ -159,6 +169,7 @@ class EvalConfig:
     resources: JobResources = field(default_factory=JobResources)
     regbench: RegBenchEvalConfig = field(default_factory=RegBenchEvalConfig)
     induction: InductionEvalConfig = field(default_factory=InductionEvalConfig)
+    ablation: AblationEvalConfig = field(default_factory=AblationEvalConfig)
     gsm8k: Gsm8kEvalConfig = field(default_factory=Gsm8kEvalConfig)
 
 
@@ -490,6 +501,14 @@ def _check_slurm(cl: dict) -> None:
              f"ray_start_timeout_s={cl['ray_start_timeout_s']} > 0")
 
 
+def _check_ablation(a: dict) -> None:
+    for name, value in [("fraction", a["fraction"]), *(("fractions", f) for f in a["fractions"])]:
+        _require(0 < value <= 1, f"eval.ablation.{name}: {value} must be in (0, 1] (a fraction of the heads)")
+    _require(len(a["fractions"]) > 0, "eval.ablation.fractions=[]: list at least one fraction, e.g. [0.2]")
+    _require(a["prompts"] > 0 and a["reference_batch"] > 0,
+             f"eval.ablation.prompts={a['prompts']}, reference_batch={a['reference_batch']}: must be positive")
+
+
 def _check(c: dict, catalog: Mapping[str, frozenset[str]]) -> None:
     _require(c["seed"] >= 0, f"seed={c['seed']}: must be a non-negative integer")
     fam, m, t, d = c["family"], c["model"], c["train"], c["data"]
@@ -504,6 +523,7 @@ def _check(c: dict, catalog: Mapping[str, frozenset[str]]) -> None:
     _require(1 <= c["eval"]["induction"]["length"] <= 18 and 2 * c["eval"]["induction"]["length"] + 2 <= m["max_seq_len"],
              f"eval.induction.length={c['eval']['induction']['length']}: must be in [1, 18] and fit twice"
              f" (plus 2 separators) in model.max_seq_len={m['max_seq_len']}")
+    _check_ablation(c["eval"]["ablation"])
     _require(m["d_model"] % m["n_heads"] == 0,
              f"model.n_heads={m['n_heads']}: must divide model.d_model={m['d_model']}")
     _require(m["n_heads"] % m["n_kv_heads"] == 0,

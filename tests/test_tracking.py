@@ -205,7 +205,8 @@ def test_wandb_sync_fails_cleanly_offline_and_runs_wandb_sync_online(swept, monk
 # Direct calls
 
 def micro(*overrides: str) -> dict:
-    points, _ = grid.expand(["size=micro", "family=dense", "seed=0", *overrides], EVALS)
+    points, _ = grid.expand(["size=micro", "family=dense", "seed=0", "eval.jobs=[regbench]", *overrides],
+                            EVALS)
     return points[0].config
 
 

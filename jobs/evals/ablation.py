@@ -1,0 +1,125 @@
+"""Head ablation (paper-spec 3.4, 4): how much the few-shot tasks and held-out RegBench rely on
+the strongest induction heads.
+
+Heads are ranked by the induction eval's prefix-matching score (a looped block's head once per
+application). The top fraction f of them (at least one) has its per-head output, o_proj's input,
+replaced at every position by
+- its mean over a reference batch of training-distribution RegBench instances (mean-ablation, the
+  measured effect),
+- zero (control: how much of the effect is the mere shift off the mean),
+- or the same is done to as many heads drawn at random, seeded by the run seed (control: does
+  removing *any* heads of that count hurt as much).
+The controls run at the headline fraction, the mean-ablation at every fraction (the curve). The
+suite: the tasks of jobs/data/fewshot.py (token F1) plus next-symbol accuracy on held-out
+automata; each drop is clean minus ablated, averaged over tasks with equal weight. The rise in
+held-out RegBench TVD is measured alongside.
+
+Every fraction of `eval.ablation.fractions` is measured in this one job and `fraction` gives the
+headline metrics: eval settings are part of the run identity, so sweeping `eval.ablation.fraction`
+would retrain every model, while making them non-semantic would let results of different
+fractions overwrite each other under one run id. Drops and rises are marked lower-is-better only
+to orient the comparison words: a smaller drop means a model leans less on those heads.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from jobs.checkpoint import load_model
+from jobs.data.fewshot import suite, task_f1
+from jobs.data.regbench import TrainStream
+from jobs.evals.induction import head_table, repeated_sequences, top_heads
+from jobs.evals.regbench import evaluate
+from jobs.interp import head_means, replace_heads
+from jobs.model import Decoder
+from jobs.registry import JobResult, Progress, evaluation
+
+CONDITIONS = {"mean": "", "zero": "_zero", "random": "_random"}  # metric suffixes
+REGBENCH_TASK = "regbench_acc"
+
+
+def head_count(fraction: float, n_heads: int) -> int:
+    """Heads ablated at `fraction` of `n_heads` head applications: rounded, at least one."""
+    return max(1, min(n_heads, round(fraction * n_heads)))
+
+
+class Suite:
+    """Per-item scores of the few-shot tasks and held-out RegBench for one model state."""
+
+    def __init__(self, model: Decoder, cfg: dict):
+        settings = cfg["eval"]["ablation"]
+        self.model, self.cfg = model, cfg
+        self.tasks = suite(int(settings["prompts"]), int(cfg["data"]["seed"]))
+
+    def scores(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], float]:
+        """(per-item task scores, their weights summing to 1 per task, held-out TVD)."""
+        scores = {task.name: task_f1(self.model, task) for task in self.tasks}
+        weights = {name: np.full(len(value), 1 / len(value)) for name, value in scores.items()}
+        device = next(self.model.parameters()).device
+        held_out = evaluate(self.cfg["data"], self.cfg["eval"], lambda inputs: self.model(inputs.to(device)))
+        acc = held_out.items[held_out.items["metric"] == REGBENCH_TASK]
+        scores[REGBENCH_TASK] = acc["score"].to_numpy()
+        weights[REGBENCH_TASK] = acc["weight"].to_numpy() / acc["weight"].sum()
+        return scores, weights, held_out.metrics["regbench_tvd"]
+
+
+def _mean_score(scores: dict[str, np.ndarray], weights: dict[str, np.ndarray]) -> float:
+    return float(np.mean([(scores[name] * weights[name]).sum() for name in scores]))
+
+
+def score(model: Decoder, cfg: dict) -> JobResult:
+    settings, seed = cfg["eval"]["ablation"], int(cfg["seed"])
+    induction = cfg["eval"]["induction"]
+    table = head_table(model, repeated_sequences(int(induction["sequences"]), int(induction["length"]), seed))
+    shape = (len(model.plan), int(table["head"].max()) + 1)
+    reference, _ = TrainStream(cfg["data"], seed, int(settings["reference_batch"])).batch(int(cfg["train"]["steps"]))
+    means = head_means(model, reference)
+    values = {"mean": means, "zero": torch.zeros_like(means), "random": means}
+    suite_ = Suite(model, cfg)
+    clean, weights, clean_tvd = suite_.scores()
+    clean_f1 = _mean_score(clean, weights)
+
+    fractions = sorted(set(map(float, settings["fractions"])) | {float(settings["fraction"])})
+    order = np.random.default_rng([seed, 6]).permutation(len(table))
+    curve: dict[str, list] = {"fraction": fractions, "heads": [], "drop_f1": [], "tvd_rise": []}
+    metrics: dict[str, float] = {"fewshot_f1": clean_f1}
+    items = None
+    for fraction in fractions:
+        count = head_count(fraction, len(table))
+        curve["heads"].append(count)
+        top = top_heads(table, count).index.to_numpy()
+        picks = {"mean": top, "zero": top, "random": order[:count]}
+        headline = fraction == float(settings["fraction"])
+        for condition, suffix in CONDITIONS.items() if headline else [("mean", "")]:
+            chosen = torch.zeros(shape[0] * shape[1], dtype=torch.bool)
+            chosen[torch.as_tensor(picks[condition].copy())] = True  # table rows: (application, head) in order
+            with replace_heads(model, chosen.view(shape), values[condition]):
+                ablated, _, tvd = suite_.scores()
+            drop, rise = clean_f1 - _mean_score(ablated, weights), tvd - clean_tvd
+            if condition == "mean":
+                curve["drop_f1"].append(drop)
+                curve["tvd_rise"].append(rise)
+            if not headline:
+                continue
+            metrics |= {f"ablation_drop_f1{suffix}": drop, f"ablation_tvd_rise{suffix}": rise}
+            if condition == "mean":
+                metrics["ablation_heads"] = float(count)
+                metrics |= {f"ablation_drop_{name}": float(((clean[name] - ablated[name]) * weights[name]).sum())
+                            for name in clean}
+                # weights sum to 1 per task, so the weighted item mean over tasks is the metric
+                items = pd.DataFrame({
+                    "item_id": [f"{name}.{i}" for name in clean for i in range(len(clean[name]))],
+                    "metric": "ablation_drop_f1",
+                    "score": np.concatenate([clean[name] - ablated[name] for name in clean]),
+                    "weight": np.concatenate([weights[name] for name in clean])})
+    higher = {name: name == "fewshot_f1" for name in metrics}
+    return JobResult(metrics=metrics, higher_is_better=higher, curves={"ablation_by_fraction": curve}, items=items)
+
+
+@evaluation("ablation", metrics=("ablation_drop_f1", "ablation_tvd_rise", "fewshot_f1"))
+def ablation(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
+    """The registered job: the final checkpoint, clean and with heads ablated."""
+    return score(load_model(cfg, run_dir), cfg)
