@@ -46,6 +46,15 @@ METRIC_LABELS = {
     "final_loss": "final loss",
     "train_flops": "training FLOPs",
     "wall_time_s": "wall time (s)",
+    "induction_max": "best induction-head score",
+    "induction_topk_mean": "mean score of the top induction heads",
+    "ancestry_top_in_best": "top induction heads from the best ancestors (lidas)",
+    "ancestry_p": "ancestry concentration p (lidas)",
+    "fewshot_f1": "few-shot score, clean",
+    "ablation_drop_f1": "few-shot drop, top heads mean-ablated",
+    "ablation_drop_f1_zero": "few-shot drop, top heads zero-ablated (control)",
+    "ablation_drop_f1_random": "few-shot drop, random heads mean-ablated (control)",
+    "ablation_tvd_rise": "held-out TVD rise, top heads mean-ablated",
 }
 # In-context n-gram estimators shown as reference rows under the metric they are measured in.
 REFERENCE_ROWS = {"ngram1_tvd": "in-context unigram", "ngram2_tvd": "in-context bigram",

@@ -6,7 +6,7 @@ from orchestrator.config import ConfigError
 from orchestrator.identity import run_id
 
 EVALS = {"train": frozenset({"final_loss"}), "regbench": frozenset({"regbench_tvd"}),
-         "induction": frozenset({"induction_max"})}
+         "induction": frozenset({"induction_max"}), "ablation": frozenset({"ablation_drop_f1"})}
 
 
 def expand(*overrides):
@@ -87,7 +87,7 @@ def test_run_id_ignores_where_and_how_but_not_what():
     (["family=lidas", "family.growth.initial_blocks=3"], "does not grow"),
     (["family=lidas", "train.steps=2", "train.warmup_steps=0"], "fewer than the 3 growth stages"),
     (["family=looped", "family.loop.block_layers=7"], "exceed model.n_layers"),
-    (["eval.jobs=[nope]"], "choose one of: induction, regbench"),
+    (["eval.jobs=[nope]"], "choose one of: ablation, induction, regbench"),
     (["data.alphabet_size=[4,30]"], "more than data.n_symbols"),
 ])
 def test_bad_input_is_one_clear_line(overrides, needle):

@@ -65,3 +65,47 @@ def test_score_metrics_only_for_lidas_and_deterministic():
     assert len(first.curves["induction_heads"]["score"]) == 16
     dense = score(model, cfg | {"family": {"name": "dense"}})
     assert "ancestry_p" not in dense.metrics
+
+
+def _planted_model() -> Decoder:
+    """Two layers by hand: layer 0 head 0 attends to the previous token (RoPE phases on the
+    high-frequency channel pairs, from a constant residual direction) and writes that token's code
+    into its own residual subspace; layer 1 head 0 queries with the current token's code against
+    that subspace on the lowest-frequency pairs (RoPE barely rotates them), so it attends to the
+    token after an earlier occurrence: an induction head. Every other head and MLP is zero."""
+    cfg = MODEL | {"d_model": 64, "n_heads": 2, "n_kv_heads": 2, "max_seq_len": 32}
+    model = Decoder(cfg, 2, [0, 1]).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        for module in model.modules():
+            if isinstance(module, torch.nn.RMSNorm):
+                module.weight.fill_(1.0)
+        code = torch.nn.functional.normalize(torch.randn(20, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+        model.embed.weight[:, :8] = code
+        model.embed.weight[:, 8] = 1.0  # the constant direction
+        prev, slow = model.layers[0].attn, model.layers[1].attn
+        freqs = 10000.0 ** (-torch.arange(16) / 16)
+        for p in range(6):  # q = (1, 0), k = R(w) q per pair: scores peak at offset 1
+            prev.q_proj.weight[p, 8] = 2.0
+            prev.k_proj.weight[p, 8], prev.k_proj.weight[p + 16, 8] = 2.0 * freqs[p].cos(), 2.0 * freqs[p].sin()
+        prev.v_proj.weight[torch.arange(8), torch.arange(8)] = 1.0
+        prev.o_proj.weight[16 + torch.arange(8), torch.arange(8)] = 1.0  # head 0's output -> dims 16..23
+        channels = torch.tensor([12, 13, 14, 15, 28, 29, 30, 31])
+        slow.q_proj.weight[channels, torch.arange(8)] = 4.0
+        slow.k_proj.weight[channels, 16 + torch.arange(8)] = 4.0
+    return model
+
+
+def test_planted_induction_head_in_a_model_scores_near_one_and_the_rest_low():
+    model = _planted_model()
+    tokens = repeated_sequences(16, 10, seed=2)
+    patterns = attention_patterns(model, tokens)
+    previous = patterns[0, :, 0].diagonal(offset=-1, dim1=-2, dim2=-1)
+    assert previous.min() > 0.9  # layer 0 head 0 is the previous-token head it was built to be
+    scores = induction_scores(patterns, tokens)
+    assert scores[1, 0] > 0.9
+    others = torch.cat([scores[0], scores[1, 1:]])
+    assert others.max() < 0.3
+    table = head_table(model, tokens)
+    assert table.sort_values("score", ascending=False).iloc[0][["layer", "head"]].tolist() == [1, 0]
