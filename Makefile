@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml requirements.lock
 run: setup
 	$(PY) -m orchestrator sweep family=lidas,looped,dense seed=0,1,2
 
+# Two workers, whole files each (module fixtures are built once; one file holds the Slurm tests):
+# most tests wait on processes (Ray start-up, kills, polling), so two overlap well even on 2 cores.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: setup
 	$(PY) bench/sweep_efficiency.py

@@ -23,7 +23,7 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +60,8 @@ METRIC_LABELS = {
 REFERENCE_ROWS = {"ngram1_tvd": "in-context unigram", "ngram2_tvd": "in-context bigram",
                   "ngram3_tvd": "in-context trigram"}
 REFERENCE_TARGET = "regbench_tvd"
+# The confirmatory (primary) metric of each data.kind: the report tests these first, the console shows them.
+HEADLINE_METRICS = {"regbench": "regbench_tvd", "arith": "gsm8k_em_strict"}
 DATA_PREFIX = "data."  # cell keys that change the evaluation data, and with it the reference estimators
 UNIGRAM, BIGRAM = "ngram1_tvd", "ngram2_tvd"
 CORRECTION_LABELS = {"holm": "Holm", "fdr_bh": "BH"}
@@ -72,6 +74,8 @@ HEADS_CURVE, TOP_HEADS = "induction_heads", 3
 ABLATION_CURVE = "ablation_by_fraction"
 ABLATION_CONDITIONS = {"": "mean-ablated top heads", "_zero": "zero-ablated top heads",
                        "_random": "mean-ablated random heads"}
+# Metrics measuring an effect rather than a quality, by name prefix: what "higher" (compared as better) means.
+EFFECT_DIRECTIONS = {"ablation": "higher = relies more on the ablated heads; compared as higher"}
 PAPER_SIZES = ("360m", "1b7", "3b")  # conf/size: the paper-scale configs of the FLOPs table
 
 
@@ -83,7 +87,7 @@ class AnalysisOptions:
     """The pre-declared analysis choices (config group `analysis`), fixed before looking at results."""
     baseline: str = "dense"
     pairing: str = "paired"
-    primary_metrics: tuple[str, ...] = ("regbench_tvd",)
+    primary_metrics: tuple[str, ...] | None = None  # None: the headline metrics the runs report
     alpha: float = 0.05
     delta_min: float | Mapping[str, float] = 0.02  # a mapping gives each metric its own margin
     seed: int = 0
@@ -124,6 +128,10 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
     spec = load_sweep(store_root, sweep)
     options = options or options_for(spec)
     values = load(store_root, sweep)
+    if options.primary_metrics is None:  # the headline metric of each data kind the sweep ran on
+        present = set(values["metric"])
+        options = replace(options, primary_metrics=tuple(m for m in HEADLINE_METRICS.values() if m in present)
+                          or (HEADLINE_METRICS["regbench"],))
     items = load_items(store_root, sweep)
     keys = cell_keys(values) if options.by is None else list(options.by)
     return Analysis(
@@ -349,7 +357,8 @@ def _metric_section(analysis: Analysis, metric: str) -> list[str]:
     cells = analysis.cells[analysis.cells["metric"] == metric]
     sizes = sorted(set(cells["size"]))
     direction = cells["higher_is_better"].iloc[0]
-    better = "direction unknown" if pd.isna(direction) else "higher is better" if direction else "lower is better"
+    better = ("descriptive, not compared" if pd.isna(direction)
+              else EFFECT_DIRECTIONS.get(metric.split("_")[0], "higher is better") if direction else "lower is better")
     rows = _grid(analysis, cells, sizes, _cell_text)
     lines = [f"### {_label(metric)} (`{metric}`, {better})", "",
              f"Mean [{1 - analysis.options.alpha:.0%} t-interval] (n seeds).", ""]

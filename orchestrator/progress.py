@@ -9,6 +9,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -61,11 +62,15 @@ def finished_line(r: "PlannedRun", job: str, store: Store, run_done: bool) -> st
         seconds = (dt.datetime.fromisoformat(state["ended_at"])
                    - dt.datetime.fromisoformat(state["started_at"])).total_seconds()
         took = f" in {_eta(seconds)}"
-    m = store.read_metrics(r.run_id).get("metrics", {})
-    tvd = f", regbench_tvd {m['regbench_tvd']:.4f}" if run_done and "regbench_tvd" in m else ""
-    return f"[green]done[/] {r.label} {r.run_id} {job}{took}{tvd}"
+    headline = ""
+    if run_done:
+        from analysis.report import HEADLINE_METRICS  # loaded for the report at the end anyway
+        name = HEADLINE_METRICS[r.config["data"]["kind"]]
+        if (value := store.read_metrics(r.run_id).get("metrics", {}).get(name)) is not None:
+            headline = f", {name} {value:.4f}"
+    return f"[green]done[/] {r.label} {r.run_id} {job}{took}{headline}"
 
 
 def failed_line(r: "PlannedRun", job: str, store: Store) -> str:
     error = store.read_state(r.run_id).get("error") or "unknown error"
-    return f"[red]failed[/] {r.label} {r.run_id} {job}: {error}"
+    return f"[red]failed[/] {r.label} {r.run_id} {job}: {escape(error)}"

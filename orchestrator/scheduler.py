@@ -107,7 +107,7 @@ def ships_code(cluster: dict) -> bool:
 
 
 def init_ray(cluster: dict) -> None:
-    """A local Ray (cluster.address null) or a connection to a running one, shipping the
+    """A new local Ray (cluster.address null) or a connection to a running one, shipping the
     project with the runtime_env where the nodes do not share this machine's files."""
     import logging
 
@@ -117,9 +117,9 @@ def init_ray(cluster: dict) -> None:
     # Ray turns token authentication on for local clusters (good) and says so on every start.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     kwargs: dict[str, Any] = dict(log_to_driver=False, logging_level="WARNING")
-    if not cluster["address"]:
-        ray.init(num_cpus=cluster["num_cpus"] or os.cpu_count(), num_gpus=cluster["num_gpus"] or 0,
-                 include_dashboard=cluster["include_dashboard"],
+    if not cluster["address"]:  # "local": a Ray of its own even where `ray start` runs on this machine
+        ray.init(address="local", num_cpus=cluster["num_cpus"] or os.cpu_count(),
+                 num_gpus=cluster["num_gpus"] or 0, include_dashboard=cluster["include_dashboard"],
                  dashboard_host=cluster["dashboard_host"], **kwargs)
         return
     if ships_code(cluster):

@@ -47,14 +47,17 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
+    """Readers see the old file or the new one, never a part. `durable` also survives a power cut
+    (fsync); files that are rewritten soon anyway (progress, a job's start) skip it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
@@ -63,8 +66,8 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def write_json(path: Path, obj: Any) -> None:
-    write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+def write_json(path: Path, obj: Any, durable: bool = True) -> None:
+    write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), durable)
 
 
 def write_yaml(path: Path, obj: Any) -> None:
@@ -154,7 +157,7 @@ class Store:
     def job_state(self, run_id: str, job: str) -> dict:
         return self.read_state(run_id).get("jobs", {}).get(job, {"status": PENDING, "attempts": 0})
 
-    def update_job(self, run_id: str, job: str, jobs: list[str], **fields: Any) -> dict:
+    def update_job(self, run_id: str, job: str, jobs: list[str], durable: bool = True, **fields: Any) -> dict:
         """Set fields of one job's state and recompute the run's status from all its jobs."""
         state = self.read_state(run_id)
         if state["status"] == CORRUPT:
@@ -165,14 +168,16 @@ class Store:
         state["status"] = run_status([state["jobs"].get(j, {}).get("status", PENDING) for j in jobs])
         state["error"] = next((state["jobs"][j].get("error") for j in jobs
                                if state["jobs"].get(j, {}).get("status") == FAILED), None)
-        write_json(self.run_dir(run_id) / "state.json", state)
+        write_json(self.run_dir(run_id) / "state.json", state, durable)
         return state
 
-    def start_job(self, run_id: str, job: str, jobs: list[str]) -> dict:
+    def start_job(self, run_id: str, job: str, jobs: list[str], **fields: Any) -> dict:
+        """Mark the job running here (plus `fields`). Not fsync'ed: lost in a power cut, the state
+        reads as before the start, and the job is rerun all the same."""
         attempts = self.job_state(run_id, job).get("attempts", 0) + 1
-        return self.update_job(run_id, job, jobs, status=RUNNING, attempts=attempts,
+        return self.update_job(run_id, job, jobs, durable=False, status=RUNNING, attempts=attempts,
                                started_at=now(), ended_at=None, host=socket.gethostname(),
-                               pid=os.getpid(), error=None)
+                               pid=os.getpid(), error=None, **fields)
 
     def end_job(self, run_id: str, job: str, jobs: list[str], error: Optional[str] = None) -> dict:
         return self.update_job(run_id, job, jobs, status=FAILED if error else DONE,
@@ -268,7 +273,7 @@ class Store:
         return state.get("status") == RUNNING and not self.is_claimed(run_id)
 
     def write_progress(self, run_id: str, progress: dict) -> None:
-        write_json(self.run_dir(run_id) / "progress.json", progress)
+        write_json(self.run_dir(run_id) / "progress.json", progress, durable=False)
 
     def read_progress(self, run_id: str) -> dict:
         try:

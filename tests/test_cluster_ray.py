@@ -17,7 +17,7 @@ from jobs.launch import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 CLI = [sys.executable, "-m", "orchestrator", "sweep", "size=micro", "family=dense", "seed=0",
-       "tracker=none", "cluster=ray"]
+       "tracker=none", "eval.jobs=[regbench]", "cluster=ray"]
 
 
 @pytest.fixture(scope="module")

@@ -105,11 +105,12 @@ run_torchrun([sys.argv[1], sys.argv[2]], nproc_per_node=2)
 
 
 def alive(pid: int) -> bool:
+    """A pid that exits between the two checks is dead, not an error."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:  # ProcessLookupError, FileNotFoundError
         return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["cancel", "force-cancel"])

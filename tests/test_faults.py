@@ -20,7 +20,7 @@ from orchestrator.cli import main
 
 # 200 steps: LIDAS grows at steps 20, 60 and 120, which leaves time to kill it mid-stage.
 LONG = ["size=micro", "seed=0", "train.steps=200", "train.checkpoint_every=20", "tracker=none",
-        "cluster.num_cpus=2"]
+        "cluster.num_cpus=2", "eval.jobs=[regbench]"]
 COMPARED = ("final_loss", "train_flops", "train_tokens", "regbench_tvd", "regbench_l1_ref",
             "regbench_acc")
 
@@ -102,8 +102,9 @@ def test_driver_killed_then_rerun_finishes_every_run_and_repairs_damaged_files(
         running = all(trained) and running_train(root, min_layers=2, min_checkpoints=2)
         return running if running and running[0] == ids["lidas"] else None
 
-    wait_for(moment, process=driver)
-    driver.kill()
+    _, trainer, _ = wait_for(moment, process=driver)
+    driver.kill()  # and the trainer with it: Ray takes a while to stop the driver's workers, time
+    os.kill(trainer, signal.SIGKILL)  # in which the training could finish
     driver.communicate(timeout=60)
     wait_for(lambda: claims_free(root), timeout=120)  # the workers die with the driver's Ray
     lidas, dense, looped = ids["lidas"], ids["dense"], ids["looped"]
@@ -167,7 +168,7 @@ def small_disk(tmp_path):
 def test_disk_full_while_checkpointing_fails_clearly_and_keeps_the_previous_checkpoint(small_disk):
     root = small_disk / "store"
     driver = start_sweep(root, "size=micro", "family=dense", "seed=0", "train.steps=300",
-                         "train.checkpoint_every=100", "train.max_retries=1", "tracker=none",
+                         "train.checkpoint_every=100", "train.max_retries=1", "tracker=none", "eval.jobs=[]",
                          "cluster.num_cpus=1", name="full")
     (rid,) = wait_for(lambda: [p.parent.parent.name for p in root.glob("runs/*/checkpoints/step_0000100.pt.sha256")],
                       process=driver)
@@ -191,7 +192,8 @@ def test_disk_full_while_checkpointing_fails_clearly_and_keeps_the_previous_chec
 def test_a_run_that_cannot_train_fails_after_max_retries_and_the_sweep_goes_on(tmp_path):
     root = tmp_path / "store"
     done = sweep(root, "size=micro", "family=dense", "seed=0", "train.lr=0.003,1e30",
-                 "train.max_retries=2", "tracker=none", "cluster.num_cpus=2", name="nan")
+                 "train.max_retries=2", "tracker=none", "eval.jobs=[regbench]", "cluster.num_cpus=2",
+                 name="nan")
     assert done.returncode == 1, done.stdout + done.stderr
     by_lr = {yaml.safe_load((root / "runs" / r / "config.yaml").read_text())["train"]["lr"]: r
              for r in yaml.safe_load((root / "sweeps" / "nan" / "sweep.yaml").read_text())["run_ids"]}

@@ -98,7 +98,7 @@ def swept(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env |= SECRETS | {"WANDB_BASE_URL": "http://127.0.0.1:9"}  # nothing listens there
     driver = subprocess.Popen(
-        [*CLI, "sweep", "size=micro", "family=dense", "seed=0", "train.steps=200",
+        [*CLI, "sweep", "size=micro", "family=dense", "seed=0", "train.steps=200", "eval.jobs=[regbench]",
          "cluster.num_cpus=1", "store.root=store", "--name", "s"],
         cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: running_train(work / "store"), process=driver)

@@ -21,7 +21,7 @@ from orchestrator.store import DONE, Store
 REPO = Path(__file__).resolve().parent.parent
 # The jobs find this interpreter's environment (the checkout's .venv under `make test`).
 SETUP = f'cluster.setup=["export PATH={Path(sys.executable).parent}:$PATH"]'
-MICRO = ["size=micro", "tracker.enabled=false", "cluster.time=00:10:00", SETUP]
+MICRO = ["size=micro", "tracker.enabled=false", "eval.jobs=[regbench]", "cluster.time=00:10:00", SETUP]
 # A value that would run a command, break out of quotes or add a line if it reached a shell raw.
 NASTY = "it's \"$(touch {marker})\" `touch {marker}`\nnext line"
 
@@ -92,8 +92,9 @@ def test_allocation_with_ray_cancel_midway_and_resubmit_resumes(slurm_cluster, t
     the same command resubmits, trains only the rest, and the report appears. An override
     full of shell syntax reaches the driver intact and never runs."""
     store, name, marker = tmp_path / "store", "slurm-ray", tmp_path / "pwned"
-    # 120 steps (about 6 s a training here) leave the scancel time to land between trainings.
-    args = ["family=dense,lidas,looped", "seed=0", "train.steps=120", "cluster=slurm",
+    # 240 steps (about 5 s a training here, more under load) leave the scancel time to land
+    # between trainings.
+    args = ["family=dense,lidas,looped", "seed=0", "train.steps=240", "cluster=slurm",
             "cluster.cpus_per_node=1",
             "cluster.mem_gb=3", "cluster.gpus_per_node=1",
             f"tracker.project={hydra_quoted(NASTY.format(marker=marker))}"]

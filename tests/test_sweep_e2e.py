@@ -74,13 +74,13 @@ def test_rerun_trains_nothing_and_status_reads_the_store(micro_store):
 
 
 LONG = ["size=micro", "family=lidas", "seed=0", "train.steps=400", "train.checkpoint_every=40",
-        "cluster.num_cpus=1"]
+        "cluster.num_cpus=1", "eval.jobs=[regbench]", "tracker=none"]
 
 
 def test_ctrl_c_marks_jobs_interrupted_and_the_same_command_resumes(tmp_path):
     root = tmp_path / "store"
     driver = start_sweep(root, *LONG)
-    wait_for(lambda: running_train(root))
+    wait_for(lambda: running_train(root), process=driver)
     driver.send_signal(signal.SIGINT)
     out, _ = driver.communicate(timeout=120)
     assert driver.returncode == 130, out
@@ -97,7 +97,7 @@ def test_adaptive_sweep_runs_declared_looks_and_records_each(tmp_path):
     root = tmp_path / "store"
     done = sweep(root, "size=micro", "family=lidas,dense", "adaptive.metric=regbench_tvd",
                  "adaptive.max_seeds=4", "adaptive.looks=[2,3]", "adaptive.delta_min=0.001",
-                 "cluster.num_cpus=2", name="adaptive")
+                 "eval.jobs=[regbench]", "tracker=none", "cluster.num_cpus=2", name="adaptive")
     assert done.returncode in (0, 1), done.stdout + done.stderr
     spec = yaml.safe_load((root / "sweeps" / "adaptive" / "sweep.yaml").read_text())
     looks = spec["looks"]

@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import warnings
 import zlib
 from pathlib import Path
@@ -52,6 +53,8 @@ def w_and_b_env(monkeypatch):
 
 def records(path: Path) -> list:
     data = path.read_bytes()
+    if len(data) < 7:  # not even the header written yet
+        return []
     assert data[:4] == b":W&B"
     out, pos, parts = [], 7, b""
     while pos + 7 <= len(data):
@@ -60,6 +63,8 @@ def records(path: Path) -> list:
         if kind == 0:  # the zero padding at a block's end
             pos += room
             continue
+        if pos + 7 + length > len(data):  # the writer is in the middle of this chunk
+            break
         chunk = data[pos + 7:pos + 7 + length]
         assert zlib.crc32(bytes([kind]) + chunk) == crc
         pos, parts = pos + 7 + length, parts + chunk
@@ -98,8 +103,19 @@ class Session:
         self.exit_code = next(r.exit.exit_code for k, r in kinds if k == "exit")
 
 
-def sessions(root: Path, rid: str) -> list[Session]:
+def _complete(path: Path) -> bool:
+    kinds = {r.WhichOneof("record_type") for r in records(path)}
+    return {"run", "exit"} <= kinds
+
+
+def sessions(root: Path, rid: str, timeout: float = 60.0) -> list[Session]:
+    """The finished sessions of `rid`. W&B's core writes the file after `finish` returns (on a
+    busy machine, noticeably later), so wait for each file's run and exit records first."""
     files = sorted((root / "wandb").glob(f"offline-run-*/run-{rid}.wandb"))
+    deadline = time.monotonic() + timeout
+    while not all(_complete(p) for p in files):
+        assert time.monotonic() < deadline, f"W&B did not finish writing {files}"
+        time.sleep(0.1)
     return [Session(p) for p in files]
 
 

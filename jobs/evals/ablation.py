@@ -115,7 +115,9 @@ def score(model: Decoder, cfg: dict) -> JobResult:
                     "metric": "ablation_drop_f1",
                     "score": np.concatenate([clean[name] - ablated[name] for name in clean]),
                     "weight": np.concatenate([weights[name] for name in clean])})
-    higher = {name: name == "fewshot_f1" for name in metrics}
+    # Few-shot scores: higher is better. Drops and rises: higher = the model relies more on the ablated
+    # heads (the paper's claim for grown and looped models), compared as "higher"; the head count is neither.
+    higher = {name: True for name in metrics if name != "ablation_heads"}
     return JobResult(metrics=metrics, higher_is_better=higher, curves={"ablation_by_fraction": curve}, items=items)
 
 
