@@ -26,7 +26,9 @@ test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: setup
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[bench]'
 	$(PY) bench/sweep_efficiency.py
+	$(PY) bench/trainer_speed.py
 
 lock:
 	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(torch)==' > requirements.lock

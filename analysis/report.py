@@ -60,8 +60,6 @@ METRIC_LABELS = {
 REFERENCE_ROWS = {"ngram1_tvd": "in-context unigram", "ngram2_tvd": "in-context bigram",
                   "ngram3_tvd": "in-context trigram"}
 REFERENCE_TARGET = "regbench_tvd"
-# The confirmatory (primary) metric of each data.kind: the report tests these first, the console shows them.
-HEADLINE_METRICS = {"regbench": "regbench_tvd", "arith": "gsm8k_em_strict"}
 DATA_PREFIX = "data."  # cell keys that change the evaluation data, and with it the reference estimators
 UNIGRAM, BIGRAM = "ngram1_tvd", "ngram2_tvd"
 CORRECTION_LABELS = {"holm": "Holm", "fdr_bh": "BH"}
@@ -129,6 +127,7 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
     options = options or options_for(spec)
     values = load(store_root, sweep)
     if options.primary_metrics is None:  # the headline metric of each data kind the sweep ran on
+        from jobs.registry import HEADLINE_METRICS
         present = set(values["metric"])
         options = replace(options, primary_metrics=tuple(m for m in HEADLINE_METRICS.values() if m in present)
                           or (HEADLINE_METRICS["regbench"],))

@@ -5,7 +5,10 @@
 2. overhead: N no-op jobs through the full path (plan, Ray task, claim, state and metrics files)
    against N raw Ray tasks of an empty function, on the same Ray cluster, in the same run.
 
-    python bench/sweep_efficiency.py [--size tiny] [--noop-jobs 1000] [--skip-sweep]
+    python bench/sweep_efficiency.py [--size tiny] [--noop-jobs 1000] [--skip-sweep] [--store DIR]
+
+The no-op jobs run untracked (tracker=none): a W&B session per job would be measured instead.
+`--store DIR` keeps the stores (DIR/sweep, DIR/noop) to read the sweep's report afterwards.
 """
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ def overhead(n: int, root: Path) -> None:
     import ray
 
     cfgs = [p.config for p in grid.expand(["family=dense", f"seed=range(0,{n})", "size=micro",
-                                           "eval.jobs=[noop]", f"store.root={root}"],
+                                           "eval.jobs=[noop]", "tracker=none", f"store.root={root}"],
                                           catalog())[0]]
     store = Store(root)
     store.create()
@@ -93,8 +96,10 @@ if __name__ == "__main__":
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--noop-jobs", type=int, default=1000)
     parser.add_argument("--skip-sweep", action="store_true")
+    parser.add_argument("--store", type=Path, help="keep the stores here (default: a temporary directory)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        base = args.store or Path(tmp)
         if not args.skip_sweep:
-            makespan(args.size, Path(tmp) / "sweep")
-        overhead(args.noop_jobs, Path(tmp) / "noop")
+            makespan(args.size, base / "sweep")
+        overhead(args.noop_jobs, base / "noop")

@@ -29,6 +29,8 @@ JobFn = Callable[[dict, Path, Progress], JobResult]
 EVALUATIONS: dict[str, JobFn] = {}
 METRICS: dict[str, frozenset[str]] = {"train": frozenset({"final_loss"})}  # outcome metrics per job
 DATA_KINDS: dict[str, frozenset[str]] = {}  # evaluation -> the data.kind values it runs on
+# The confirmatory (primary) metric of each data.kind: the console shows it, the report tests it first.
+HEADLINE_METRICS: dict[str, str] = {"regbench": "regbench_tvd", "arith": "gsm8k_em_strict"}
 
 
 def evaluation(name: str, metrics: tuple[str, ...],

@@ -13,6 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from jobs.registry import HEADLINE_METRICS
+
 from .store import DONE, FAILED, PENDING, RUNNING, Store
 
 if TYPE_CHECKING:
@@ -55,16 +57,16 @@ def render(runs: list["PlannedRun"], store: Store, outcome: dict[str, str], star
     return Group(header, table) if table.row_count else Group(header)
 
 
-def finished_line(r: "PlannedRun", job: str, store: Store, run_done: bool) -> str:
-    state = store.job_state(r.run_id, job)
+def finished_line(r: "PlannedRun", job: str, run_state: dict, store: Store | None) -> str:
+    """`job` done; with `store` (given once the whole run is done) also the run's headline metric."""
+    state = run_state["jobs"].get(job, {})
     took = ""
     if state.get("started_at") and state.get("ended_at"):
         seconds = (dt.datetime.fromisoformat(state["ended_at"])
                    - dt.datetime.fromisoformat(state["started_at"])).total_seconds()
         took = f" in {_eta(seconds)}"
     headline = ""
-    if run_done:
-        from analysis.report import HEADLINE_METRICS  # loaded for the report at the end anyway
+    if store is not None:
         name = HEADLINE_METRICS[r.config["data"]["kind"]]
         if (value := store.read_metrics(r.run_id).get("metrics", {}).get(name)) is not None:
             headline = f", {name} {value:.4f}"

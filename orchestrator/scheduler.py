@@ -235,10 +235,11 @@ def _drive(inflight: dict, runs: list[PlannedRun], store: Store, console: Consol
                     r, job = inflight.pop(ref)
                     try:
                         ray.get(ref)
-                        run_done = all(store.job_state(r.run_id, j).get("status") == DONE for j in r.todo)
+                        state = store.read_state(r.run_id)
+                        run_done = all(state["jobs"].get(j, {}).get("status") == DONE for j in r.todo)
                         if run_done:
                             outcome[r.run_id] = DONE
-                        live.console.print(view.finished_line(r, job, store, run_done))
+                        live.console.print(view.finished_line(r, job, state, store if run_done else None))
                     except Exception as e:  # the job failed after its retries
                         outcome[r.run_id] = FAILED
                         _record_crash(store, r, job, e)

@@ -59,7 +59,8 @@ def running_train(root: Path, min_layers: int = 1, min_checkpoints: int = 1) -> 
             progress = json.loads((state_file.parent / "progress.json").read_text())
         except (OSError, ValueError, KeyError):
             continue
-        checkpoints = list((state_file.parent / "checkpoints").glob("step_*.pt"))
+        # complete checkpoints: the digest sidecar is written after the file
+        checkpoints = list((state_file.parent / "checkpoints").glob("step_*.pt.sha256"))
         if (train["status"] == "running" and len(checkpoints) >= min_checkpoints
                 and progress.get("job") == "train" and progress.get("n_layers", 0) >= min_layers
                 and progress.get("step", 0) < progress.get("total_steps", 0)):

@@ -17,6 +17,8 @@ def test_arith_sweep_trains_a_text_model_that_scores_gsm8k_exact_match(tmp_path)
     (run_id,) = yaml.safe_load((tmp_path / "sweeps" / "text" / "sweep.yaml").read_text())["run_ids"]
     m = metrics(tmp_path, run_id)
     assert m["gsm8k_em_strict"] > 0 and m["gsm8k_em_flexible"] > 0
+    # the console's headline (finished line and primary-metric summary) is GSM8K's, not RegBench's
+    assert f"gsm8k_em_strict {m['gsm8k_em_strict']:.4f}" in done.stdout and "regbench_tvd" not in done.stdout
     items = pd.read_parquet(tmp_path / "runs" / run_id / "items" / "gsm8k.parquet")
     strict = items[items["metric"] == "gsm8k_em_strict"]
     assert len(strict) == 60 and strict["score"].mean() == m["gsm8k_em_strict"]
