@@ -87,8 +87,9 @@ def run_torchrun(entry: Sequence[str], *, nproc_per_node: int, nnodes: int = 1, 
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip("\n")
-            if line.startswith(ERROR):
-                reported.append(json.loads(line[len(ERROR):])["error"])
+            error = _record(line, ERROR)
+            if error is not None:
+                reported.append(error["error"])
             elif line.strip():
                 tail.append(line)
             if on_line is not None:
@@ -125,9 +126,32 @@ def last_error(lines: Sequence[str]) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
+def _record(line: str, marker: str) -> Optional[dict]:
+    """The `marker {...}` record in a line of the ranks' shared output, or None.
+
+    A record is written with one write(2) so it is never split, but another rank's unterminated
+    output (a traceback on stderr) may precede it on the same line; whatever follows the JSON
+    object is ignored."""
+    at = line.find(marker)
+    if at < 0:
+        return None
+    try:
+        record, _ = json.JSONDecoder().raw_decode(line, at + len(marker))
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def parse_progress(line: str) -> Optional[dict]:
     """The progress record carried by a line of rank 0's output, or None."""
-    return json.loads(line[len(PROGRESS):]) if line.startswith(PROGRESS) else None
+    return _record(line, PROGRESS)
+
+
+def emit(marker: str, record: dict) -> None:
+    """One record line on stdout in a single write(2): lines from several ranks share one pipe,
+    and writes under PIPE_BUF (4 KiB) to a pipe never interleave."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (marker + json.dumps(record) + "\n").encode())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,13 +213,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     init_distributed()
     try:
         def progress(p: dict) -> None:
-            print(PROGRESS + json.dumps(p), flush=True)
+            emit(PROGRESS, p)
         result = get_job(args.job)(cfg, args.run_dir, progress if rank == 0 else (lambda p: None))
         if rank == 0:
             dump_result(result, args.result)
     except Exception as e:
-        print(ERROR + json.dumps({"rank": rank, "error": f"rank {rank}: {type(e).__name__}: {e}"}),
-              flush=True)
+        emit(ERROR, {"rank": rank, "error": f"rank {rank}: {type(e).__name__}: {e}"[:2000]})
         raise
     finally:
         dist.destroy_process_group()

@@ -80,6 +80,30 @@ def test_a_nan_loss_fails_every_rank_with_the_rank_error_line(tmp_path):
     assert "\n" not in message
 
 
+EMITTERS = """import os, sys
+from jobs.launch import ERROR, emit
+for _ in range(2):
+    os.fork()  # four processes writing to one pipe, as the ranks of a node do
+for i in range(300):
+    emit(ERROR, {"rank": os.getpid(), "error": "x" * 200 + str(i)})
+"""
+
+
+def test_records_of_processes_sharing_a_pipe_stay_one_per_line():
+    out = subprocess.run([sys.executable, "-c", EMITTERS], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}).stdout
+    lines = out.splitlines()
+    assert len(lines) == 4 * 300
+    assert all(line.startswith(launch.ERROR) and line.count(launch.ERROR) == 1 for line in lines)
+
+
+def test_a_record_after_another_rank_unterminated_output_is_still_read():
+    line = 'Traceback (most recent call last@@error {"rank": 1, "error": "rank 1: boom"}'
+    assert launch._record(line, launch.ERROR) == {"rank": 1, "error": "rank 1: boom"}
+    assert launch.parse_progress("@@progress {broken") is None
+    assert launch.parse_progress('@@progress {"step": 3}') == {"step": 3}
+
+
 def test_last_error_skips_torchrun_summary():
     lines = ["Traceback (most recent call last):", "ValueError: bad thing",
              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "======"]
