@@ -5,6 +5,7 @@ A job is `fn(cfg, run_dir, progress) -> JobResult`: it reads and writes only ins
 (checkpoints) and returns what the orchestrator records in the store."""
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ def evaluation(name: str, metrics: tuple[str, ...],
     return register
 
 
+@functools.cache  # once per process: a worker runs thousands of jobs
 def _discover() -> None:
     from . import evals
     for module in pkgutil.iter_modules(evals.__path__):

@@ -231,6 +231,7 @@ def _drive(inflight: dict, runs: list[PlannedRun], store: Store, console: Consol
             while inflight:
                 # Everything that finishes within half a second, then one refresh of the view.
                 ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0.5)
+                lines = []
                 for ref in ready:
                     r, job = inflight.pop(ref)
                     try:
@@ -239,11 +240,13 @@ def _drive(inflight: dict, runs: list[PlannedRun], store: Store, console: Consol
                         run_done = all(state["jobs"].get(j, {}).get("status") == DONE for j in r.todo)
                         if run_done:
                             outcome[r.run_id] = DONE
-                        live.console.print(view.finished_line(r, job, state, store if run_done else None))
+                        lines.append(view.finished_line(r, job, state, store if run_done else None))
                     except Exception as e:  # the job failed after its retries
                         outcome[r.run_id] = FAILED
                         _record_crash(store, r, job, e)
-                        live.console.print(view.failed_line(r, job, store))
+                        lines.append(view.failed_line(r, job, store))
+                if lines:  # one print per batch: rich's rendering costs more than the line
+                    live.console.print("\n".join(lines), highlight=False)
                 live.update(view.render(runs, store, outcome, started))
         console.print()
     except (KeyboardInterrupt, Interrupted):

@@ -7,11 +7,15 @@
     <root>/runs/<run_id>/history.parquet, items/<eval>.parquet, checkpoints/, progress.json
     <root>/sweeps/<name>/sweep.yaml    overrides given (every invocation) and run ids
 
-Every write is atomic (temp file in the same directory, fsync, rename), so a killed process
-leaves either the old or the new file. A job claims its run with an exclusive `flock` on
-`runs/<id>/.lock` for as long as it works on it: the kernel releases it when the process dies,
-so a claim can never go stale on a local or NFSv4 filesystem, and two sweeps sharing a run
-train it once. A `running` state whose claim is free is stale (its process was killed).
+Every write is atomic (temp file in the same directory, rename), so a killed process leaves
+either the old or the new file. Writes worth more than a rerun (sweep records, the results of
+a job that ran a second or more) are also fsync'ed to survive a power cut; a lost unsynced
+write reads as a missing or unreadable file, and the job reruns.
+
+A job claims its run with an exclusive `flock` on `runs/<id>/.lock` for as long as it works on
+it: the kernel releases it when the process dies, so a claim can never go stale on a local or
+NFSv4 filesystem, and two sweeps sharing a run train it once. A `running` state whose claim is
+free is stale (its process was killed).
 
 Damage from outside (a truncated file, a disk that filled up, a copy cut short) is found by
 `problems` (parse checks of the JSON files, checkpoint sizes against their digests) and undone by
@@ -179,8 +183,9 @@ class Store:
                                started_at=now(), ended_at=None, host=socket.gethostname(),
                                pid=os.getpid(), error=None, **fields)
 
-    def end_job(self, run_id: str, job: str, jobs: list[str], error: Optional[str] = None) -> dict:
-        return self.update_job(run_id, job, jobs, status=FAILED if error else DONE,
+    def end_job(self, run_id: str, job: str, jobs: list[str], error: Optional[str] = None,
+                durable: bool = True) -> dict:
+        return self.update_job(run_id, job, jobs, durable, status=FAILED if error else DONE,
                                ended_at=now(), error=error)
 
     @contextlib.contextmanager
@@ -213,26 +218,27 @@ class Store:
             return {}
 
     def merge_metrics(self, run_id: str, metrics: dict, higher_is_better: dict,
-                      curves: Optional[dict] = None) -> None:
+                      curves: Optional[dict] = None, durable: bool = True) -> None:
         current = self.read_metrics(run_id)
         merged = {
             "metrics": {**current.get("metrics", {}), **metrics},
             "higher_is_better": {**current.get("higher_is_better", {}), **higher_is_better},
             "curves": {**current.get("curves", {}), **(curves or {})},
         }
-        write_json(self.run_dir(run_id) / "metrics.json", merged)
+        write_json(self.run_dir(run_id) / "metrics.json", merged, durable)
 
     # -- damage: found by parse checks and digests, repaired by rerunning -----------------------
     def problems(self, run_id: str) -> list[str]:
         """What is wrong with the run's files, one line each; cheap (no checkpoint is hashed)."""
-        run_dir, found = self.run_dir(run_id), []
+        run_dir, found, parsed = self.run_dir(run_id), [], {}
         for name in ("state.json", "metrics.json"):
             try:
-                read_json(run_dir / name)
+                parsed[name] = read_json(run_dir / name)
             except ValueError as e:  # "<path>: unreadable JSON (<why>)"
                 found.append(f"{name} {str(e).split(': ', 1)[1]}")
-        jobs = self.read_state(run_id).get("jobs", {})
-        if any(j.get("status") == DONE for j in jobs.values()) and not (run_dir / "metrics.json").exists():
+        jobs = (parsed.get("state.json") or {}).get("jobs", {})
+        no_metrics = "metrics.json" in parsed and parsed["metrics.json"] is None  # read, not there
+        if no_metrics and any(j.get("status") == DONE for j in jobs.values()):
             found.append("metrics.json missing although a job is done")
         for path in sorted((run_dir / "checkpoints").glob("step_*.pt")):
             if bad := integrity.problem(path, full=False):

@@ -23,6 +23,7 @@ from .config import procs_per_node
 from .store import DONE, Store, write_parquet
 
 PROJECT_ROOT = Path(jobs.__file__).resolve().parent.parent
+DURABLE_AFTER_S = 1.0  # jobs that ran this long have their results fsync'ed
 
 
 def jobs_of(cfg: dict) -> list[str]:
@@ -90,12 +91,17 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
         tracker = tracking.open_run(cfg, run_id, job, store_root)  # W&B; never raises
         progress = tracker.progress(
             _throttled(lambda p: store.write_progress(run_id, {"job": job, **p})))
+        started = time.monotonic()
         try:
             if processes_of(cfg, job) == (1, 1):
                 result = get_job(job)(cfg, run_dir, progress)
             else:
                 result = _torchrun(job, cfg, run_dir, rendezvous, progress)
-            store.merge_metrics(run_id, result.metrics, result.higher_is_better, result.curves)
+            # A job shorter than a second is cheaper to redo after a power cut than two fsyncs
+            # (a lost write reads as a stale or unreadable file, and the job reruns).
+            durable = time.monotonic() - started >= DURABLE_AFTER_S
+            store.merge_metrics(run_id, result.metrics, result.higher_is_better, result.curves,
+                                durable)
             if result.items is not None:
                 write_parquet(run_dir / "items" / f"{job}.parquet", result.items)
             if result.history is not None:
@@ -107,7 +113,7 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
             tracker.finish(failed=True)
             raise
         tracker.record(store.read_metrics(run_id))
-        store.end_job(run_id, job, jobs)
+        store.end_job(run_id, job, jobs, durable=durable)
         tracker.finish()
     return DONE
 
