@@ -3,18 +3,21 @@
 1. makespan: the default sweep (3 families x 3 seeds, `tiny`) run into a fresh store; its job
    phase (first job start to last job end) against sum(job wall times) / cores, the ideal.
 2. overhead: N no-op jobs through the full path (plan, Ray task, claim, state and metrics files)
-   against N raw Ray tasks of an empty function, on the same Ray cluster, in the same run.
+   against N raw Ray tasks of an empty function, on the same Ray cluster, in the same run:
+   alternating rounds with warm workers (medians), and the first sweep, whose workers import
+   torch and the job code, on its own.
 
-    python bench/sweep_efficiency.py [--size tiny] [--noop-jobs 1000] [--skip-sweep] [--store DIR]
+    python bench/sweep_efficiency.py [--size tiny] [--noop-jobs 1000] [--noop-rounds 3] [--skip-sweep] [--store DIR]
 
 The no-op jobs run untracked (tracker=none): a W&B session per job would be measured instead.
-`--store DIR` keeps the stores (DIR/sweep, DIR/noop) to read the sweep's report afterwards.
+`--store DIR` keeps the stores (DIR/sweep, DIR/noop/round*) to read the sweep's report afterwards.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -57,9 +60,8 @@ def makespan(size: str, root: Path) -> None:
     console.print(table)
 
 
-def overhead(n: int, root: Path) -> None:
-    import ray
-
+def noop_runs(n: int, root: Path) -> tuple[list, Store, dict]:
+    """n planned runs of one no-op job each, in a fresh store at root."""
     cfgs = [p.config for p in grid.expand(["family=dense", f"seed=range(0,{n})", "size=micro",
                                            "eval.jobs=[noop]", "tracker=none", f"store.root={root}"],
                                           catalog())[0]]
@@ -69,25 +71,43 @@ def overhead(n: int, root: Path) -> None:
     for r in runs:
         r.todo = ["noop"]
         store.write_config(r.run_id, r.config)
-    cluster = cfgs[0]["cluster"]
+    return runs, store, cfgs[0]["cluster"]
 
-    scheduler.init_ray(cluster)
+
+def overhead(n: int, root: Path, rounds: int) -> None:
+    import ray
+
+    stores = [noop_runs(n, root / f"round{r}") for r in range(rounds + 1)]
+    scheduler.init_ray(stores[0][2])
     noop = ray.remote(lambda i: i)
     ray.get([noop.options(num_cpus=1).remote(-1) for _ in range(4)])  # warm the workers up
-    t0 = time.monotonic()
-    ray.get([noop.options(num_cpus=1).remote(i) for i in range(n)])
-    raw = time.monotonic() - t0
-    t0 = time.monotonic()
-    scheduler.run(runs, store, cluster, Console(file=open(os.devnull, "w")))
-    full = time.monotonic() - t0
-    ray.shutdown()
 
-    table = Table(title=f"orchestration overhead, {n} no-op jobs")
+    def raw() -> float:
+        t0 = time.monotonic()
+        ray.get([noop.options(num_cpus=1).remote(i) for i in range(n)])
+        return time.monotonic() - t0
+
+    def full(runs, store, cluster) -> float:
+        t0 = time.monotonic()
+        scheduler.run(runs, store, cluster, Console(file=open(os.devnull, "w")))
+        return time.monotonic() - t0
+
+    cold = full(*stores[0])  # its workers import torch and the job code first
+    walls = {"raw": [], "full": []}
+    for r in range(1, rounds + 1):  # alternating, so that machine noise hits both alike
+        walls["raw"].append(raw())
+        walls["full"].append(full(*stores[r]))
+    ray.shutdown()
+    raw_s, full_s = (statistics.median(walls[k]) for k in ("raw", "full"))
+
+    table = Table(title=f"orchestration overhead, {n} no-op jobs, median of {rounds} rounds")
     for col in ("path", "wall", "per job", "ratio to raw Ray"):
         table.add_column(col, justify="right")
-    table.add_row("raw Ray tasks", f"{raw:.2f}s", f"{raw / n * 1e3:.2f}ms", "1.00")
-    table.add_row("full path", f"{full:.2f}s", f"{full / n * 1e3:.2f}ms",
-                  f"{full / raw:.2f}")
+    table.add_row("raw Ray tasks (warm workers)", f"{raw_s:.2f}s", f"{raw_s / n * 1e3:.2f}ms", "1.00")
+    table.add_row("full path, warm workers", f"{full_s:.2f}s", f"{full_s / n * 1e3:.2f}ms",
+                  f"{full_s / raw_s:.2f}")
+    table.add_row("full path, first sweep (workers import torch)", f"{cold:.2f}s",
+                  f"{cold / n * 1e3:.2f}ms", f"{cold / raw_s:.2f}")
     console.print(table)
 
 
@@ -95,6 +115,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--noop-jobs", type=int, default=1000)
+    parser.add_argument("--noop-rounds", type=int, default=3)
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--store", type=Path, help="keep the stores here (default: a temporary directory)")
     args = parser.parse_args()
@@ -102,4 +123,4 @@ if __name__ == "__main__":
         base = args.store or Path(tmp)
         if not args.skip_sweep:
             makespan(args.size, base / "sweep")
-        overhead(args.noop_jobs, base / "noop")
+        overhead(args.noop_jobs, base / "noop", args.noop_rounds)

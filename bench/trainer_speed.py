@@ -3,7 +3,8 @@
 1. throughput: our training step (forward, backward, clip, AdamW) against Hugging Face
    transformers' `LlamaForCausalLM` built with the same hyper-parameters and the same weights
    (their logits are checked to agree first), at the same threads and batch; the two are timed
-   in alternating rounds so that machine noise hits both alike.
+   in alternating rounds so that machine noise hits both alike. Then both again under
+   torch.compile (ours as `train.compile=true` does it).
 2. MFU: model FLOPs per second of our step (jobs/flops.py, the accounting the reports use)
    against the measured peak of a large fp32 matmul at the same threads.
 3. LIDAS against dense: wall time of whole training runs at equal steps next to the FLOP ratio
@@ -83,6 +84,21 @@ def step_time(model, optimizer, stream, step: int, hf: bool) -> float:
     return time.perf_counter() - start
 
 
+def alternate(contenders: dict, stream, rounds: int, steps_per_round: int) -> dict[str, float]:
+    """Median step time of each (model, optimizer, is_hf) in alternating rounds, so that machine
+    noise hits all alike; round 0 warms up (and compiles) and is not counted."""
+    times = {name: [] for name in contenders}
+    step = 0
+    for r in range(rounds + 1):
+        for name, (model, optimizer, is_hf) in contenders.items():
+            for _ in range(steps_per_round):
+                t = step_time(model, optimizer, stream, step, is_hf)
+                if r:
+                    times[name].append(t)
+                step += 1
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def matmul_peak(threads: int, n: int = 2048, repeats: int = 10) -> float:
     """Best fp32 FLOP/s of an n x n x n matmul at this thread count."""
     torch.set_num_threads(threads)
@@ -110,28 +126,24 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
         gap = (ours(probe) - hf(input_ids=probe).logits.float()).abs().max().item()
     assert gap < 1e-4, f"the two models disagree (max |logit gap| {gap:.2e}): not the same config"
     opt_ours, opt_hf = build_optimizer(ours, cfg["train"]), build_optimizer(hf, cfg["train"])
-    times = {False: [], True: []}
-    step = 0
-    for r in range(rounds + 1):  # round 0 warms both up and is not counted
-        for is_hf, model, opt in ((False, ours, opt_ours), (True, hf, opt_hf)):
-            for _ in range(steps_per_round):
-                t = step_time(model, opt, stream, step, is_hf)
-                if r:
-                    times[is_hf].append(t)
-                step += 1
+    # The compiled twins share their weights and optimizer with the eager models.
+    median = alternate({"HF": (hf, opt_hf, True), "ours": (ours, opt_ours, False),
+                        "ours, compiled": (torch.compile(ours), opt_ours, False),
+                        "HF, compiled": (torch.compile(hf), opt_hf, True)},
+                       stream, rounds, steps_per_round)
     tokens = cfg["train"]["batch_size"] * cfg["data"]["seq_len"]
-    ours_tps = tokens / statistics.median(times[False])
-    hf_tps = tokens / statistics.median(times[True])
+    ours_tps = tokens / median["ours"]
 
     m = cfg["model"]
     table = Table(title=f"trainer throughput, size={size} (d={m['d_model']}, {m['n_layers']} layers, "
                         f"batch {cfg['train']['batch_size']} x {cfg['data']['seq_len']}), {threads} threads")
-    for col in ("trainer", "median step", "tokens/s", "ratio"):
+    for col in ("trainer", "median step", "tokens/s", "ratio to HF eager"):
         table.add_column(col, justify="right")
-    table.add_row("HF LlamaForCausalLM (sdpa)", f"{statistics.median(times[True]) * 1e3:.1f}ms",
-                  f"{hf_tps:,.0f}", "1.00")
-    table.add_row("ours (jobs/model.py)", f"{statistics.median(times[False]) * 1e3:.1f}ms",
-                  f"{ours_tps:,.0f}", f"{ours_tps / hf_tps:.2f}")
+    labels = {"HF": "HF LlamaForCausalLM (sdpa)", "ours": "ours (jobs/model.py)",
+              "ours, compiled": "ours, train.compile=true (torch.compile)", "HF, compiled": "HF, torch.compile"}
+    for name, label in labels.items():
+        table.add_row(label, f"{median[name] * 1e3:.1f}ms", f"{tokens / median[name]:,.0f}",
+                      f"{median['HF'] / median[name]:.2f}")
     console.print(table)
     console.print(f"max |logit gap| between the two at init: {gap:.1e}")
 

@@ -125,6 +125,8 @@ def train(
     rank, world = data_parallel()
     device = resolve_device(cfg)
     model, optimizer, run = restore(cfg, run_dir, device)
+    if train_cfg["compile"]:
+        model.compile()  # in place, so the state dict keeps its keys; a growth step recompiles
     module = wrap(model)
     stages = stage_schedule(cfg)
     grow_to = {stage.start_step: stage.n_layers for stage in stages}

@@ -82,6 +82,7 @@ class TrainConfig:
     checkpoint_every: int = 250
     log_every: int = 10
     max_retries: int = 2
+    compile: bool = False
 
 
 @dataclass

@@ -6,10 +6,11 @@ import hashlib
 import json
 
 # Sections and keys that do not change a run's results: where it runs, how it is tracked and
-# stored, how often it checkpoints or retries, and which evaluations are listed (a newly listed
+# stored, how often it checkpoints or retries, whether it is compiled (like the thread count, it
+# moves the last bits only), and which evaluations are listed (a newly listed
 # evaluation runs on the existing run instead of retraining it).
 NON_SEMANTIC = ("cluster", "store", "resources", "tracker", "adaptive", "train.max_retries",
-                "train.checkpoint_every", "eval.jobs", "eval.resources")
+                "train.checkpoint_every", "train.compile", "eval.jobs", "eval.resources")
 
 
 def semantic_config(cfg: dict) -> dict:

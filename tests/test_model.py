@@ -28,7 +28,8 @@ def micro_cfg(family: str = "dense", steps: int = 30, **growth) -> dict:
                   "init_std": 0.02, "block_size": 2, "tie_embeddings": True},
         "train": {"steps": steps, "batch_size": 8, "lr": 1e-2, "min_lr_ratio": 0.1, "warmup_steps": 3,
                   "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0,
-                  "checkpoint_every": 7, "log_every": 2, "max_retries": 2},
+                  "checkpoint_every": 7, "log_every": 2, "max_retries": 2,
+                  "compile": False},
         "backend": {"name": "torch", "device": "cpu"},
         "resources": {"cpus": 1, "gpus": 0, "memory_gb": 1},
     }
