@@ -140,7 +140,8 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
     for col in ("trainer", "median step", "tokens/s", "ratio to HF eager"):
         table.add_column(col, justify="right")
     labels = {"HF": "HF LlamaForCausalLM (sdpa)", "ours": "ours (jobs/model.py)",
-              "ours, compiled": "ours, train.compile=true (torch.compile)", "HF, compiled": "HF, torch.compile"}
+              "ours, compiled": "ours, train.compile=true (torch.compile)",
+              "HF, compiled": "HF, torch.compile"}
     for name, label in labels.items():
         table.add_row(label, f"{median[name] * 1e3:.1f}ms", f"{tokens / median[name]:,.0f}",
                       f"{median['HF'] / median[name]:.2f}")

@@ -54,7 +54,8 @@ def now() -> str:
 
 def write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
     """Readers see the old file or the new one, never a part. `durable` also survives a power cut
-    (fsync); files that are rewritten soon anyway (progress, a job's start) skip it."""
+    (fsync); files rewritten soon anyway (progress, a job's start) and the results of jobs cheaper
+    to rerun than to sync (orchestrator.worker.DURABLE_AFTER_S) skip it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # Unique per writing thread, and cheaper than mkstemp's random names (thousands per sweep).
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
