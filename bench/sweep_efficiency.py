@@ -1,4 +1,4 @@
-"""How close the scheduler gets to the machine's limit. Prints two tables:
+"""How close the scheduler gets to the machine's limit. Prints three tables:
 
 1. makespan: the default sweep (3 families x 3 seeds, `tiny`) run into a fresh store; its job
    phase (first job start to last job end) against sum(job wall times) / cores, the ideal.
@@ -6,6 +6,8 @@
    against N raw Ray tasks of an empty function, on the same Ray cluster, in the same run:
    alternating rounds with warm workers (medians), and the first sweep, whose workers import
    torch and the job code, on its own.
+3. planning: composing the no-op grid (N seeds) as the sweep does, against Hydra composing
+   each point on its own (timed on the first 50 points).
 
     python bench/sweep_efficiency.py [--size tiny] [--noop-jobs 1000] [--noop-rounds 3] [--skip-sweep] [--store DIR]
 
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator import grid, scheduler  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
+from orchestrator.config import _resolved, _typed, hydra_session  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 from jobs.registry import catalog  # noqa: E402
 
@@ -60,11 +63,14 @@ def makespan(size: str, root: Path) -> None:
     console.print(table)
 
 
+def noop_grid(n: int, root: Path) -> list[str]:
+    return ["family=dense", f"seed=range(0,{n})", "size=micro", "eval.jobs=[noop]", "tracker=none",
+            f"store.root={root}"]
+
+
 def noop_runs(n: int, root: Path) -> tuple[list, Store, dict]:
     """n planned runs of one no-op job each, in a fresh store at root."""
-    cfgs = [p.config for p in grid.expand(["family=dense", f"seed=range(0,{n})", "size=micro",
-                                           "eval.jobs=[noop]", "tracker=none", f"store.root={root}"],
-                                          catalog())[0]]
+    cfgs = [p.config for p in grid.expand(noop_grid(n, root), catalog())[0]]
     store = Store(root)
     store.create()
     runs = scheduler.plan(cfgs, store)
@@ -111,6 +117,27 @@ def overhead(n: int, root: Path, rounds: int) -> None:
     console.print(table)
 
 
+def planning(n: int, root: Path, alone: int = 50) -> None:
+    from hydra import compose
+
+    t0 = time.monotonic()
+    points, _ = grid.expand(noop_grid(n, root), catalog())
+    batched = time.monotonic() - t0
+    with hydra_session():
+        t0 = time.monotonic()
+        for p in points[:alone]:
+            _resolved(_typed(compose("config", overrides=list(p.overrides))), catalog())
+        per_point = (time.monotonic() - t0) / min(alone, n)
+    table = Table(title=f"planning, a grid of {n} seeds")
+    for col in ("composition", "wall", "per point", "ratio"):
+        table.add_column(col, justify="right")
+    table.add_row(f"Hydra, each point on its own (first {min(alone, n)}, extrapolated)",
+                  f"{per_point * n:.1f}s", f"{per_point * 1e3:.1f}ms", f"{per_point * n / batched:.1f}")
+    table.add_row("the sweep's (group choices once, values on copies)", f"{batched:.1f}s",
+                  f"{batched / n * 1e3:.1f}ms", "1.0")
+    console.print(table)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="tiny")
@@ -124,3 +151,4 @@ if __name__ == "__main__":
         if not args.skip_sweep:
             makespan(args.size, base / "sweep")
         overhead(args.noop_jobs, base / "noop", args.noop_rounds)
+        planning(args.noop_jobs, base / "plan")

@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
 
 from . import config
-from .config import ConfigError, compose_run, hydra_session, yaml_message
+from .config import ConfigError, compose_runs, hydra_session, yaml_message
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,9 @@ def expand(cli_overrides: list[str], catalog: Mapping[str, frozenset[str]]) -> t
     """All grid points, validated, and the default sweep name derived from the grid."""
     with hydra_session():
         grid = axes(cli_overrides)
-        points = [GridPoint(tuple(combo), compose_run(list(combo), catalog))
-                  for combo in itertools.product(*grid.values())]
+        combos = list(itertools.product(*grid.values()))
+        points = [GridPoint(tuple(combo), cfg)
+                  for combo, cfg in zip(combos, compose_runs([list(c) for c in combos], catalog))]
     return points, default_sweep_name(grid)
 
 

@@ -246,7 +246,7 @@ def _drive(inflight: dict, runs: list[PlannedRun], store: Store, console: Consol
                         _record_crash(store, r, job, e)
                         lines.append(view.failed_line(r, job, store))
                 if lines:  # one print per batch: rich's rendering costs more than the line
-                    live.console.print("\n".join(lines), highlight=False)
+                    live.console.print("\n".join(lines), highlight=False, soft_wrap=True)
                 live.update(view.render(runs, store, outcome, started))
         console.print()
     except (KeyboardInterrupt, Interrupted):

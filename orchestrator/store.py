@@ -163,9 +163,13 @@ class Store:
     def job_state(self, run_id: str, job: str) -> dict:
         return self.read_state(run_id).get("jobs", {}).get(job, {"status": PENDING, "attempts": 0})
 
-    def update_job(self, run_id: str, job: str, jobs: list[str], durable: bool = True, **fields: Any) -> dict:
-        """Set fields of one job's state and recompute the run's status from all its jobs."""
-        state = self.read_state(run_id)
+    def update_job(self, run_id: str, job: str, jobs: list[str], durable: bool = True,
+                   state: Optional[dict] = None, **fields: Any) -> dict:
+        """Set fields of one job's state and recompute the run's status from all its jobs.
+
+        `state` is the run's current state where the caller holds the claim and has it already
+        (a read less per write); it is updated in place and returned."""
+        state = self.read_state(run_id) if state is None else state
         if state["status"] == CORRUPT:
             state = {"run_id": run_id, "jobs": {}, "recovered_from": state["error"]}
         entry = state.setdefault("jobs", {}).setdefault(job, {"status": PENDING, "attempts": 0})
@@ -177,17 +181,19 @@ class Store:
         write_json(self.run_dir(run_id) / "state.json", state, durable)
         return state
 
-    def start_job(self, run_id: str, job: str, jobs: list[str], **fields: Any) -> dict:
+    def start_job(self, run_id: str, job: str, jobs: list[str], state: Optional[dict] = None,
+                  **fields: Any) -> dict:
         """Mark the job running here (plus `fields`). Not fsync'ed: lost in a power cut, the state
         reads as before the start, and the job is rerun all the same."""
-        attempts = self.job_state(run_id, job).get("attempts", 0) + 1
-        return self.update_job(run_id, job, jobs, durable=False, status=RUNNING, attempts=attempts,
+        state = self.read_state(run_id) if state is None else state
+        attempts = state.get("jobs", {}).get(job, {}).get("attempts", 0) + 1
+        return self.update_job(run_id, job, jobs, False, state, status=RUNNING, attempts=attempts,
                                started_at=now(), ended_at=None, host=socket.gethostname(),
                                pid=os.getpid(), error=None, **fields)
 
     def end_job(self, run_id: str, job: str, jobs: list[str], error: Optional[str] = None,
-                durable: bool = True) -> dict:
-        return self.update_job(run_id, job, jobs, durable, status=FAILED if error else DONE,
+                durable: bool = True, state: Optional[dict] = None) -> dict:
+        return self.update_job(run_id, job, jobs, durable, state, status=FAILED if error else DONE,
                                ended_at=now(), error=error)
 
     @contextlib.contextmanager
@@ -220,7 +226,8 @@ class Store:
             return {}
 
     def merge_metrics(self, run_id: str, metrics: dict, higher_is_better: dict,
-                      curves: Optional[dict] = None, durable: bool = True) -> None:
+                      curves: Optional[dict] = None, durable: bool = True) -> dict:
+        """Add a job's results to the run's; returns the run's results as written."""
         current = self.read_metrics(run_id)
         merged = {
             "metrics": {**current.get("metrics", {}), **metrics},
@@ -228,6 +235,7 @@ class Store:
             "curves": {**current.get("curves", {}), **(curves or {})},
         }
         write_json(self.run_dir(run_id) / "metrics.json", merged, durable)
+        return merged
 
     # -- damage: found by parse checks and digests, repaired by rerunning -----------------------
     def problems(self, run_id: str) -> list[str]:

@@ -82,10 +82,11 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
         torch.set_num_threads(resources_of(cfg, job)["cpus"])  # CPU results depend on the thread count
     with store.claim(run_id):
         store.recover(run_id, jobs)  # damaged files (store.problems) are moved aside, jobs redone
-        if store.job_state(run_id, job).get("status") == DONE:
+        state = store.read_state(run_id)  # only this process writes it until the claim ends
+        if state.get("jobs", {}).get(job, {}).get("status") == DONE:
             return "cached"
         store.write_config(run_id, cfg)
-        store.start_job(run_id, job, jobs, node_id=_node_id(),  # where it runs (Ray node ids)
+        store.start_job(run_id, job, jobs, state, node_id=_node_id(),  # where it runs (Ray node ids)
                         **({"node_ids": rendezvous["node_ids"]} if rendezvous else {}))
         run_dir = store.run_dir(run_id)
         tracker = tracking.open_run(cfg, run_id, job, store_root)  # W&B; never raises
@@ -100,8 +101,8 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
             # A job shorter than a second is cheaper to redo after a power cut than two fsyncs
             # (a lost write reads as a stale or unreadable file, and the job reruns).
             durable = time.monotonic() - started >= DURABLE_AFTER_S
-            store.merge_metrics(run_id, result.metrics, result.higher_is_better, result.curves,
-                                durable)
+            metrics = store.merge_metrics(run_id, result.metrics, result.higher_is_better,
+                                          result.curves, durable)
             if result.items is not None:
                 write_parquet(run_dir / "items" / f"{job}.parquet", result.items)
             if result.history is not None:
@@ -109,11 +110,11 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
         except BaseException as e:
             last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
             where = f" at {last.filename.rsplit('/', 1)[-1]}:{last.lineno}" if last else ""
-            store.end_job(run_id, job, jobs, error=f"{type(e).__name__}: {e}{where}")
+            store.end_job(run_id, job, jobs, error=f"{type(e).__name__}: {e}{where}", state=state)
             tracker.finish(failed=True)
             raise
-        tracker.record(store.read_metrics(run_id))
-        store.end_job(run_id, job, jobs, durable=durable)
+        tracker.record(metrics)
+        store.end_job(run_id, job, jobs, durable=durable, state=state)
         tracker.finish()
     return DONE
 

@@ -2,7 +2,9 @@
 import pytest
 
 from orchestrator import grid
-from orchestrator.config import ConfigError
+from hydra import compose
+
+from orchestrator.config import ConfigError, _resolved, _typed, hydra_session
 from orchestrator.identity import run_id
 
 EVALS = {"train": frozenset({"final_loss"}), "regbench": frozenset({"regbench_tvd"}),
@@ -35,6 +37,19 @@ def test_command_line_replaces_default_axis_and_seeds_do_not_rename():
     a, name_a = expand("family=dense", "seed=0")
     b, name_b = expand("family=dense", "seed=3,4")
     assert len(a) == 1 and len(b) == 2 and name_a == name_b == "family-dense"
+
+
+def test_a_grid_composes_as_hydra_composes_each_point_on_its_own():
+    """The grid composes each set of group choices once and applies the values to copies; every
+    point must equal Hydra composing its whole override list."""
+    overrides = ["family=dense,lidas,looped", "size=micro,tiny", "seed=0,1", "train.lr=0.001,0.002",
+                 "eval.jobs=[regbench]", "model.rope_theta=500000", "tracker=none"]
+    points, _ = grid.expand(overrides, EVALS)
+    assert len(points) == 24 and len({run_id(p.config) for p in points}) == 24
+    with hydra_session():
+        for p in points:
+            alone = _resolved(_typed(compose("config", overrides=list(p.overrides))), EVALS)
+            assert p.config == alone, p.overrides
 
 
 def test_group_choices_and_derived_family_values():
