@@ -301,7 +301,7 @@ def compose_run(overrides: list[str], catalog: Mapping[str, frozenset[str]] | No
 
 def compose_runs(points: list[list[str]], catalog: Mapping[str, frozenset[str]] | None = None) -> list[dict]:
     """`compose_run` of each override list, composing each distinct set of config-group choices
-    once: a sweep of 1,000 seeds composes one config, not 1,000 (Hydra takes ~0.2 s each).
+    once: a sweep of 1,000 seeds composes one config, not 1,000 (Hydra takes ~0.13 s each).
 
     Hydra composes in two steps: the group choices build the config from conf/, then the value
     overrides are applied to it in order. This does the same, with Hydra's own classification
