@@ -86,8 +86,8 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
         if state.get("jobs", {}).get(job, {}).get("status") == DONE:
             return "cached"
         store.write_config(run_id, cfg)
-        store.start_job(run_id, job, jobs, state, node_id=_node_id(),  # where it runs (Ray node ids)
-                        **({"node_ids": rendezvous["node_ids"]} if rendezvous else {}))
+        state = store.start_job(run_id, job, jobs, state, node_id=_node_id(),  # where it runs (Ray node ids)
+                                **({"node_ids": rendezvous["node_ids"]} if rendezvous else {}))
         run_dir = store.run_dir(run_id)
         tracker = tracking.open_run(cfg, run_id, job, store_root)  # W&B; never raises
         progress = tracker.progress(
