@@ -4,6 +4,7 @@ It reads only the store (state.json and progress.json), the same files `status` 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -30,7 +31,26 @@ def _eta(seconds: float | None) -> str:
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def render(runs: list["PlannedRun"], store: Store, outcome: dict[str, str], started: float) -> Group:
+class States:
+    """Run states as the view last saw them; a state.json is parsed again only when a stat says
+    it changed (the view looks at every unfinished run twice a second, on a shared filesystem)."""
+
+    def __init__(self, store: Store):
+        self.store, self._seen = store, {}
+
+    def __call__(self, run_id: str) -> dict:
+        try:  # an atomic write is a new file: its inode, size or mtime changes
+            st = os.stat(os.path.join(self.store.runs, run_id, "state.json"))
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            key = None
+        seen = self._seen.get(run_id)
+        if seen is None or seen[0] != key:
+            seen = self._seen[run_id] = (key, self.store.read_state(run_id))
+        return seen[1]
+
+
+def render(runs: list["PlannedRun"], states: States, outcome: dict[str, str], started: float) -> Group:
     counts: Counter = Counter()
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("run", "id", "job", "step", "loss", "layers", "tok/s", "eta"):
@@ -42,10 +62,10 @@ def render(runs: list["PlannedRun"], store: Store, outcome: dict[str, str], star
         if r.run_id in outcome:
             counts[outcome[r.run_id]] += 1
             continue
-        status = store.read_state(r.run_id).get("status", PENDING)
+        status = states(r.run_id).get("status", PENDING)
         counts[status if status in (RUNNING, DONE, FAILED) else PENDING] += 1
         if status == RUNNING:
-            p = store.read_progress(r.run_id)
+            p = states.store.read_progress(r.run_id)
             step = f"{p.get('step', 0)}/{p.get('total_steps', '?')}" if "step" in p else "-"
             loss = f"{p['loss']:.3f}" if "loss" in p else "-"
             table.add_row(r.label, r.run_id, p.get("job", "?"), step, loss,

@@ -223,10 +223,10 @@ def _drive(inflight: dict, runs: list[PlannedRun], store: Store, console: Consol
     import ray
 
     outcome: dict[str, str] = {}
-    started = time.monotonic()
+    started, states = time.monotonic(), view.States(store)
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        with Live(view.render(runs, store, outcome, started), console=console,
+        with Live(view.render(runs, states, outcome, started), console=console,
                   refresh_per_second=2, transient=False) as live:
             while inflight:
                 # Everything that finishes within half a second, then one refresh of the view.
@@ -247,7 +247,7 @@ def _drive(inflight: dict, runs: list[PlannedRun], store: Store, console: Consol
                         lines.append(view.failed_line(r, job, store))
                 if lines:  # one print per batch: rich's rendering costs more than the line
                     live.console.print("\n".join(lines), highlight=False, soft_wrap=True)
-                live.update(view.render(runs, store, outcome, started))
+                live.update(view.render(runs, states, outcome, started))
         console.print()
     except (KeyboardInterrupt, Interrupted):
         _interrupt(inflight, store, console)

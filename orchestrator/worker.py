@@ -81,8 +81,9 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
 
         torch.set_num_threads(resources_of(cfg, job)["cpus"])  # CPU results depend on the thread count
     with store.claim(run_id):
-        store.recover(run_id, jobs)  # damaged files (store.problems) are moved aside, jobs redone
-        state = store.read_state(run_id)  # only this process writes it until the claim ends
+        # Damaged files (store.problems) are moved aside and their jobs redone. Only this
+        # process writes the state until the claim ends, so it is kept, not read again.
+        state = store.recover(run_id, jobs)
         if state.get("jobs", {}).get(job, {}).get("status") == DONE:
             return "cached"
         store.write_config(run_id, cfg)

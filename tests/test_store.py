@@ -34,6 +34,8 @@ def test_truncated_state_reads_as_corrupt_and_is_recovered(tmp_path):
     path = s.run_dir("r1") / "state.json"
     path.write_text(path.read_text()[:20])
     assert s.read_state("r1")["status"] == CORRUPT
+    path.write_bytes(b"\xff\xfe{")  # not even UTF-8 (a disk error, a binary copied over it)
+    assert s.read_state("r1")["status"] == CORRUPT
     s.start_job("r1", "train", ["train"])
     assert s.read_state("r1")["status"] == RUNNING
 
@@ -109,10 +111,27 @@ def test_damaged_files_are_found_moved_aside_and_the_jobs_set_to_rerun(tmp_path)
     found = s.problems("r1")
     assert [p.split(" ")[0] for p in found] == ["metrics.json", "checkpoint"]
     assert "60 bytes, its digest says 100" in found[1]
-    assert s.recover("r1", jobs) == found
-    state = s.read_state("r1")
+    state = s.recover("r1", jobs)
+    assert state == s.read_state("r1")
     assert {j: (e["status"], e["attempts"]) for j, e in state["jobs"].items()} == {
         "train": ("pending", 1), "regbench": ("pending", 1)}
     assert [r["problem"] for r in state["recovered"]] == found
     assert (s.run_dir("r1") / "metrics.json.corrupt").exists() and not ckpt.exists()
     assert s.problems("r1") == [] and len(s.recovered("r1")) == 3  # two notes, one quarantine
+
+
+def test_the_live_view_parses_a_state_again_only_when_it_changed(tmp_path):
+    from orchestrator.progress import States
+
+    s = Store(tmp_path)
+    s.create()
+    states = States(s)
+    assert states("r1")["status"] == "pending"  # no state.json yet
+    s.start_job("r1", "train", ["train"])
+    first = states("r1")
+    assert first["status"] == RUNNING
+    assert states("r1") is first  # unchanged file: the parsed state is reused
+    s.end_job("r1", "train", ["train"])
+    assert states("r1")["status"] == DONE  # an atomic write is a new file, seen at once
+    (s.run_dir("r1") / "state.json").write_text('{"status": "do')
+    assert states("r1")["status"] == CORRUPT
