@@ -40,7 +40,7 @@ class States:
 
     def __call__(self, run_id: str) -> dict:
         try:  # an atomic write is a new file: its inode, size or mtime changes
-            st = os.stat(os.path.join(self.store.runs, run_id, "state.json"))
+            st = os.stat(self.store.run_file(run_id, "state.json"))
             key = (st.st_ino, st.st_size, st.st_mtime_ns)
         except FileNotFoundError:
             key = None
