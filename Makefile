@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: setup run test bench lock clean
+.PHONY: setup run test bench lock clean nanotron-env nanotron-lock
 
 setup: $(STAMP)
 
@@ -20,9 +20,12 @@ $(STAMP): pyproject.toml requirements.lock
 run: setup
 	$(PY) -m orchestrator sweep family=lidas,looped,dense seed=0,1,2
 
-# Two workers, whole files each (module fixtures are built once; one file holds the Slurm tests):
-# most tests wait on processes (Ray start-up, kills, polling), so two overlap well even on 2 cores.
-test: setup
+# The layers first (import-linter's contracts in pyproject.toml), then the suite: two workers, whole
+# files each (module fixtures are built once; one file holds the Slurm tests): most tests wait on
+# processes (Ray start-up, kills, polling), so two overlap well even on 2 cores.
+# nanotron-env: the side environment for nanotron's own loader and checkpoint code (below).
+test: setup nanotron-env
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: setup
@@ -33,5 +36,36 @@ bench: setup
 lock:
 	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(torch)==' > requirements.lock
 
+# nanotron's own config loader and checkpoint code, for the tests (tests/nanotron_side.py): a
+# side environment, because nanotron pins numpy<2 and needs import stand-ins for flash_attn,
+# triton and grouped_gemm (tests/nanotron_env/stubs), none of which may touch .venv. nanotron
+# itself is the wheel of the pinned commit in ../shared/vendor/nanotron (checksummed there).
+# Without that wheel this target says how to get it and the nanotron tests skip (fail in CI).
+NT_VENV := .venv-nanotron
+NT_PY := $(NT_VENV)/bin/python
+NT_STAMP := $(NT_VENV)/.installed
+NT_REQ := tests/nanotron_env/requirements.in
+NT_LOCK := tests/nanotron_env/constraints.txt
+NANOTRON_VENDOR ?= ../shared/vendor/nanotron
+NT_WHEEL := $(NANOTRON_VENDOR)/nanotron-0.4-py3-none-any.whl
+NANOTRON_COMMIT := $(shell sed -n 's/^NANOTRON_COMMIT = "\([0-9a-f]*\)".*/\1/p' jobs/nanotron/schema.py)
+
+nanotron-env:
+	@if [ -f $(NT_WHEEL) ]; then $(MAKE) --no-print-directory $(NT_STAMP); else \
+	  echo "nanotron-env: no $(NT_WHEEL) (nanotron at the pinned commit); get it: pip wheel --no-deps -w $(NANOTRON_VENDOR) git+https://github.com/huggingface/nanotron@$(NANOTRON_COMMIT)"; fi
+
+$(NT_STAMP): $(NT_REQ) $(NT_LOCK) $(NT_WHEEL)
+	if [ -f $(NANOTRON_VENDOR)/SHA256SUMS ]; then cd $(NANOTRON_VENDOR) && sha256sum --quiet -c SHA256SUMS; fi
+	test -x $(NT_PY) || $(PYTHON) -m venv $(NT_VENV)
+	$(NT_PY) -m pip install --quiet --upgrade pip
+	$(NT_PY) -m pip install --quiet $(TORCH)
+	$(NT_PY) -m pip install --quiet -c $(NT_LOCK) -r $(NT_REQ)
+	$(NT_PY) -m pip install --quiet --no-deps --force-reinstall $(NT_WHEEL)
+	touch $(NT_STAMP)
+
+nanotron-lock:
+	$(NT_PY) -m pip freeze | grep -v -E '^(torch|nanotron)( |==|@)' > $(NT_LOCK).new
+	{ sed -n '1,2p' $(NT_LOCK); cat $(NT_LOCK).new; } > $(NT_LOCK).tmp && rm $(NT_LOCK).new && mv $(NT_LOCK).tmp $(NT_LOCK)
+
 clean:
-	rm -rf $(VENV) outputs
+	rm -rf $(VENV) $(NT_VENV) outputs

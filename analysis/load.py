@@ -1,14 +1,16 @@
 """Read a results store into tidy DataFrames.
 
 Only the store's files are read (never `orchestrator` or `jobs`), so this works from a notebook on a
-copied store. Layout (format_version 1):
+copied store. Layout (format_version 2; 1 reads too, without specs):
 
-    store.json                         {"format_version": 1}
+    store.json                         {"format_version": 2}
     runs/<run_id>/config.yaml          resolved config: seed, family.name, model.name (the size), ...
     runs/<run_id>/state.json           {"status": ..., "error": ...}
-    runs/<run_id>/metrics.json         {"metrics": {...}, "higher_is_better": {...}, "curves": {...}}
+    runs/<run_id>/metrics.json         {"metrics": {...}, "higher_is_better": {...}, "curves": {...},
+                                        "specs": {...}, "curve_specs": {...}} (common/metrics.py)
     runs/<run_id>/items/<eval>.parquet item_id, metric, score, weight (per-example outputs)
     sweeps/<name>/sweep.yaml           {name, overrides, run_ids, created_at}
+    sweeps/<name>/paper_flops.json     the paper-scale FLOPs table, written by the orchestrator
 
 Sweep membership: a run may be listed by several sweeps. With `sweep=None` the `sweep` column holds
 the earliest-created sweep that lists the run (ties broken by name), or None when no sweep lists it.
@@ -24,7 +26,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-FORMAT_VERSION = 1
+from common.metrics import CurveSpec, MetricSpec
+
+FORMAT_VERSIONS = (1, 2)
 KEY_COLUMNS = ["run_id", "sweep", "family", "size", "seed"]
 VALUE_COLUMNS = ["metric", "value", "higher_is_better"]
 ITEM_COLUMNS = ["metric", "item_id", "score", "weight"]
@@ -41,8 +45,8 @@ def _check_store(root: Path) -> None:
     if not marker.is_file():
         raise FileNotFoundError(f"{root} is not a results store (no store.json)")
     version = _read_json(marker).get("format_version")
-    if version != FORMAT_VERSION:
-        raise ValueError(f"{marker}: format_version {version!r}, this reader knows {FORMAT_VERSION}")
+    if version not in FORMAT_VERSIONS:
+        raise ValueError(f"{marker}: format_version {version!r}, this reader knows {FORMAT_VERSIONS}")
 
 
 def load_sweep(store_root: str | Path, sweep: str) -> dict:
@@ -131,6 +135,11 @@ def _done(store_root: str | Path, sweep: str | None) -> pd.DataFrame:
     return runs[runs["status"] == "done"].reset_index(drop=True)
 
 
+def load_data_kinds(store_root: str | Path, sweep: str | None = None) -> set[str]:
+    """The data kinds (data.kind) of the finished runs: which headline and confirmatory metrics apply."""
+    return {c.get("data.kind", "regbench") for c in _done(store_root, sweep)["config"]}
+
+
 def load(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
     """One row per finished run x metric: the long table every statistic is computed from.
 
@@ -146,9 +155,10 @@ def load(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
     for run in runs.itertuples():
         metrics = _read_json(root / "runs" / run.run_id / "metrics.json")
         directions = metrics.get("higher_is_better", {})
+        references = {name for name, spec in metrics.get("specs", {}).items() if spec.get("reference")}
         rows += [{"run_id": run.run_id, "metric": name,
                   "value": float("nan") if value is None else float(value),
-                  "higher_is_better": directions.get(name)}
+                  "higher_is_better": None if name in references else directions.get(name)}
                  for name, value in sorted(metrics.get("metrics", {}).items())]
     values = pd.DataFrame(rows, columns=["run_id", *VALUE_COLUMNS])
     values = values.astype({"value": float, "higher_is_better": "boolean"})
@@ -210,3 +220,28 @@ def load_curves(store_root: str | Path, sweep: str | None = None, curve: str = "
         points = _read_json(run_dir / "metrics.json").get("curves", {}).get(curve)
         return pd.DataFrame(points) if isinstance(points, dict) else None
     return _per_run(store_root, sweep, read)
+
+
+def load_specs(store_root: str | Path, sweep: str | None = None) -> tuple[dict[str, MetricSpec], dict[str, CurveSpec]]:
+    """What the finished runs' jobs declared about their metrics and curves (metrics.json's specs).
+    A metric of a store without specs (format 1) gets its name as its label and no role."""
+    runs, root = _done(store_root, sweep), Path(store_root)
+    metrics: dict[str, MetricSpec] = {}
+    curves: dict[str, CurveSpec] = {}
+    for run in runs.itertuples():
+        recorded = _read_json(root / "runs" / run.run_id / "metrics.json")
+        for name, record in recorded.get("specs", {}).items():
+            metrics.setdefault(name, MetricSpec.from_record(record))
+        for name, record in recorded.get("curve_specs", {}).items():
+            curves.setdefault(name, CurveSpec.from_record(record))
+        for name, higher in recorded.get("higher_is_better", {}).items():
+            metrics.setdefault(name, MetricSpec(name, higher))
+    return metrics, curves
+
+
+def load_paper_flops(store_root: str | Path, sweep: str) -> pd.DataFrame:
+    """The paper-scale FLOPs table the orchestrator stored with the sweep (size, layers, block,
+    steps, ratio = LIDAS / dense training FLOPs); empty when it has not written one."""
+    path = Path(store_root) / "sweeps" / sweep / "paper_flops.json"
+    columns = ["size", "layers", "block", "steps", "ratio"]
+    return pd.DataFrame(_read_json(path), columns=columns) if path.is_file() else pd.DataFrame(columns=columns)

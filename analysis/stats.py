@@ -13,20 +13,21 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 
 import numpy as np
 import pandas as pd
 from scipy import stats
+from scipy import integrate, special
 from statsmodels.stats.multitest import multipletests
-from statsmodels.stats.power import TTestIndPower, TTestPower
 
 from analysis.bootstrap import HB_N_BOOT, hierarchical, item_noise, stable_rng
 from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
 
 CELL_COLUMNS = ["family", "size", "metric", "higher_is_better", "n_seeds", "seeds", "mean", "std", "sem", "ci_level",
                 "ci_low", "ci_high", "boot_ci_low", "boot_ci_high", "boot_method", "n_boot",
-                "boot_reliable", "single_seed", "n_items", "item_se", "iqm"]
+                "boot_reliable", "boot_approximate", "single_seed", "skewness", "skewed", "n_items", "item_se", "iqm"]
 HB_COLUMNS = ["hb_low", "hb_high", "hb_p", "hb_se_seeds", "hb_se_items"]  # of `hierarchical`, in compare
 COMPARISON_COLUMNS = [
     "family", "baseline", "size", "metric", "higher_is_better", "pairing", "n_pairs", "n_candidate", "n_baseline",
@@ -35,10 +36,14 @@ COMPARISON_COLUMNS = [
     "welch_low", "welch_high", "signflip_p", "p_min_attainable", "prob_improvement", "mannwhitney_p",
     "seed_wins", "wins_low", "wins_high", "dz", *HB_COLUMNS, "sigma", "sigma_df", "sigma_pooled", "delta_min",
     "seeds_needed", "seeds_needed_conservative", "seeds_needed_observed", "seeds_more",
-    "seeds_unresolvable", "verdict"]
+    "seeds_unresolvable", "hb_p_sided", "diff_skewed", "significant", "inside_margin", "verdict"]
 REFERENCE_PREFIX = "ngram"
 N_BOOT = 9_999
 BOOT_RELIABLE_N = 10  # below this BCa over seeds under-covers (0.74 at n=3, 0.92 at n=10)
+BOOT_NOMINAL_N = 20  # below this BCa over seeds is flagged approximate (0.92 at n=10, 0.94 at n=20)
+SKEW_MIN_N = 5  # below this sample skewness cannot be told apart from normal noise: never flagged
+SKEW_STRONG = 1.0  # |skewness| above 1 is "highly skewed" (Bulmer's rule of thumb)
+HB_P_SIDED = "one-sided"  # hb_p is the share of draws with delta <= 0: a one-sided p-value
 IQM_MIN_N = 4  # with 3 seeds the 25% trimmed mean is the mean
 SEEDS_MAX = 50  # seeds_needed above this is reported as SEEDS_MAX + 1: "> 50"
 EXACT_PERMUTATIONS = 100_000  # enumerate sign flips exactly while 2^n stays below this
@@ -51,6 +56,20 @@ NON_CELL_KEYS = ("train.max_retries", "train.checkpoint_every")
 # Degenerate inputs (identical values, two seeds) make scipy warn and return NaN or a zero-width
 # interval; those outcomes are the documented results, so the warnings are not shown.
 _EXPECTED_WARNINGS = (RuntimeWarning, stats.DegenerateDataWarning)
+
+# The verdicts of `compare` (the sequential rule adds continue, futile and inconclusive at S_max).
+BETTER, WORSE, INCONCLUSIVE = "better", "worse", "inconclusive"
+EQUIVALENT = "equivalent"
+NEGLIGIBLE = "equivalent (negligible difference)"
+VERDICTS = {
+    BETTER: "significant (adjusted p < alpha, CI above 0) and the 1 - 2 alpha CI not inside +-delta_min",
+    WORSE: "significant (adjusted p < alpha, CI below 0) and the 1 - 2 alpha CI not inside +-delta_min",
+    NEGLIGIBLE: "significant, but the 1 - 2 alpha CI lies inside +-delta_min: a real difference too small to matter",
+    EQUIVALENT: "not significant, and the 1 - 2 alpha CI lies inside +-delta_min",
+    INCONCLUSIVE: "none of the above",
+}
+EQUIVALENT_VERDICTS = (EQUIVALENT, NEGLIGIBLE)  # the 1 - 2 alpha CI lies inside the margin
+DECIDED = (BETTER, WORSE, *EQUIVALENT_VERDICTS)  # the verdicts that settle a comparison
 
 
 def is_reference(metric: str) -> bool:
@@ -145,6 +164,33 @@ def bootstrap_ci(x: np.ndarray, rng: np.random.Generator, level: float = 0.95,
     return float(ci.low), float(ci.high)
 
 
+def skewness(x: np.ndarray) -> float:
+    """Bias-adjusted sample skewness G1 (scipy.stats.skew(bias=False)); NaN below 3 values or when
+    all values agree."""
+    x = np.asarray(x, float)
+    if len(x) < 3 or np.ptp(x) == 0:
+        return math.nan
+    return float(stats.skew(x, bias=False))
+
+
+def skew_threshold(n: int) -> float:
+    """|G1| above which `n` values count as strongly skewed: max(SKEW_STRONG, 2 * SE(G1)), where
+    SE(G1) = sqrt(6 n (n - 1) / ((n - 2) (n + 1) (n + 3))) is its standard error under normality.
+    Normal seeds pass this about 5% of the time (n = 5-20, less from 30); infinite below SKEW_MIN_N."""
+    if n < SKEW_MIN_N:
+        return math.inf
+    return max(SKEW_STRONG, 2 * math.sqrt(6 * n * (n - 1) / ((n - 2) * (n + 1) * (n + 3))))
+
+
+def is_skewed(x: np.ndarray) -> bool:
+    """Whether the seed values are strongly skewed (see `skew_threshold`): then the t-interval's
+    coverage promise does not hold (with strongly skewed seeds it drops to 0.82-0.92). Never True
+    below SKEW_MIN_N values, where skew cannot be told from noise; at 5-10 seeds only blatant skew
+    (one far outlier) is caught."""
+    g = skewness(x)
+    return bool(np.isfinite(g) and abs(g) > skew_threshold(len(x)))
+
+
 def iqm(x: np.ndarray) -> float:
     """Interquartile mean (rliable's IQM, the 25% trimmed mean); NaN below IQM_MIN_N values."""
     return float(stats.trim_mean(x, 0.25)) if len(x) >= IQM_MIN_N else math.nan
@@ -187,10 +233,13 @@ def _join(seeds) -> str:
 def summarize(df: pd.DataFrame, level: float = 0.95, n_boot: int = N_BOOT, seed: int = 0,
               by: Sequence[str] | None = None, items: pd.DataFrame | None = None) -> pd.DataFrame:
     """The `cells` table: per cell (family, size, cell keys, metric), mean, std, sem, t-interval
-    (headline), BCa bootstrap interval (secondary, flagged unreliable below 10 seeds) and IQM (from 4
-    seeds). With `items` (the table of `analysis.load_items`), n_items and item_se say how much one
-    run's metric would move on a re-drawn eval set (see `_cell_noise` and `item_noise`); without
-    them, or for cells without items, they are NA.
+    (headline), BCa bootstrap interval (secondary, flagged unreliable below 10 seeds and approximate,
+    boot_approximate, below BOOT_NOMINAL_N = 20, where its coverage is still under nominal) and IQM
+    (from 4 seeds). skewness is the bias-adjusted sample skewness of the seed values and skewed flags
+    strongly skewed cells (`is_skewed`: from 5 seeds, |skewness| > max(1, 2 SE)), whose t-interval
+    may cover less than its level. With `items` (the table of `analysis.load_items`), n_items and
+    item_se say how much one run's metric would move on a re-drawn eval set (see `_cell_noise` and
+    `item_noise`); without them, or for cells without items, they are NA.
 
     The cell keys are `by`, or `cell_keys(df)` when by is None (the default), and come right after
     `size`. `seeds` is the sorted seeds as comma-separated text. NaN values are left out.
@@ -212,7 +261,8 @@ def summarize(df: pd.DataFrame, level: float = 0.95, n_boot: int = N_BOOT, seed:
             "sem": float(stats.sem(x)) if n > 1 else math.nan, "ci_level": level,
             "ci_low": ci[0], "ci_high": ci[1], "boot_ci_low": boot[0], "boot_ci_high": boot[1],
             "boot_method": "BCa", "n_boot": n_boot, "boot_reliable": n >= BOOT_RELIABLE_N,
-            "single_seed": n == 1, "iqm": iqm(x),
+            "boot_approximate": n < BOOT_NOMINAL_N, "single_seed": n == 1,
+            "skewness": skewness(x), "skewed": is_skewed(x), "iqm": iqm(x),
         })
     columns = _after_size(CELL_COLUMNS, keys)
     cells = pd.DataFrame(rows, columns=[c for c in columns if c not in ("n_items", "item_se")])
@@ -237,13 +287,55 @@ def sigma_upper(sigma: float, df: int, level: float = 0.8) -> float:
     return float(sigma * np.sqrt(df / stats.chi2.ppf(1 - level, df))) if df > 0 else math.nan
 
 
+def _tail_by_integration(c: float, df: float, nc: float) -> float:
+    """P(T > c) for T noncentral t (df, nc) from its definition T = (Z + nc) / sqrt(V / df), V ~ chi2(df):
+    the integral over V of Phi(nc - c sqrt(V / df)). Slow, but finite wherever scipy's nct is not."""
+    log_norm = -special.gammaln(df / 2) - df / 2 * math.log(2)
+
+    def integrand(v):  # Phi(nc - c sqrt(v / df)) times the chi-square(df) density at v
+        if v <= 0:
+            return 0.0
+        return special.ndtr(nc - c * math.sqrt(v / df)) * math.exp(log_norm + (df / 2 - 1) * math.log(v) - v / 2)
+    value = integrate.quad(integrand, 0, np.inf, limit=200)[0]
+    return min(1.0, max(0.0, value))
+
+
+def t_power(effect, n, alpha: float = 0.05, paired: bool = True) -> np.ndarray | float:
+    """Power of the two-sided t-test at level alpha for a standardised effect (paired: dz = delta /
+    diff_std with n pairs, df n - 1, noncentrality dz sqrt(n); unpaired: Cohen's d with n seeds per
+    family, df 2n - 2, noncentrality d sqrt(n / 2)), as statsmodels' TTestPower / TTestIndPower define it:
+    P(T > c) + P(T < -c), T noncentral t, c = t(1 - alpha/2, df). Vectorised over effect and n.
+
+    Both tails are upper tails of scipy's nct (P(T < -c | nc) = P(T > c | -nc)): statsmodels takes the
+    lower one from nct.cdf, which with scipy 1.17 returns NaN for many noncentralities above about 6.7
+    (dz 11.25 at 3 to 8 pairs), where the power is near 1; nct.sf does not. Any
+    value still not finite is integrated from the definition (`_tail_by_integration`).
+    """
+    scalar = np.ndim(effect) == 0 and np.ndim(n) == 0
+    effect, n = np.broadcast_arrays(np.abs(np.atleast_1d(np.asarray(effect, float))),
+                                    np.atleast_1d(np.asarray(n, float)))
+    df = n - 1 if paired else 2 * n - 2
+    nc = effect * np.sqrt(n if paired else n / 2)
+    c = stats.t.ppf(1 - alpha / 2, df)
+    with _quiet():
+        upper = np.array(stats.nct.sf(c, df, nc), float)
+        lower = np.array(stats.nct.sf(c, df, -nc), float)
+    for tail, sign in ((upper, 1.0), (lower, -1.0)):
+        for i in zip(*np.nonzero(~np.isfinite(tail) & np.isfinite(nc) & (df > 0))):
+            tail[i] = _tail_by_integration(c[i], df[i], sign * nc[i])
+    power = np.clip(upper + lower, 0.0, 1.0)
+    return float(power[0]) if scalar else power
+
+
 def seeds_needed(sigma: float, delta: float, alpha: float = 0.05, power: float = 0.8,
                  paired: bool = True, max_seeds: int = SEEDS_MAX) -> int:
     """Smallest n >= 2 (pairs, or seeds per family when unpaired) whose two-sided t-test reaches
     `power` for a true gap `delta` with seed noise `sigma`; max_seeds + 1 means "more than max_seeds".
 
     Searched over integers, because solve_power returns fractional n and can fail to converge for
-    large effects. For planning only: post-hoc power of an observed effect is not evidence.
+    large effects. Power comes from `t_power`, which is finite for every effect (statsmodels' power
+    is NaN for large ones, which the search read as "not reached": dz 11.25 gave 9 seeds, not 3).
+    For planning only: post-hoc power of an observed effect is not evidence.
     """
     if not sigma >= 0:
         raise ValueError(f"sigma must be a non-negative number, got {sigma}")
@@ -252,8 +344,7 @@ def seeds_needed(sigma: float, delta: float, alpha: float = 0.05, power: float =
     if sigma == 0:
         return 2
     n = np.arange(2, max_seeds + 1)
-    analysis = TTestPower() if paired else TTestIndPower()
-    reached = analysis.power(abs(delta) / sigma, n, alpha) >= power
+    reached = t_power(abs(delta) / sigma, n, alpha, paired) >= power
     return int(n[np.argmax(reached)]) if reached.any() else max_seeds + 1
 
 
@@ -325,6 +416,7 @@ def compare_seeds(candidate: pd.Series, baseline: pd.Series, pairing: str = "pai
         diff_std = pooled_std([np.std(x, ddof=1) if n_x > 1 else math.nan,
                                np.std(y, ddof=1) if n_y > 1 else math.nan], [n_x, n_y])[0]
         p_min = p_min_mannwhitney(n_x, n_y)
+    skewed = is_skewed(delta) if pairing == "paired" else is_skewed(x) or is_skewed(y)
     wins = int(np.sum(delta > 0))
     wins_ci = stats.binomtest(wins, n).proportion_ci(method="exact") if n else None
     return {
@@ -343,6 +435,7 @@ def compare_seeds(candidate: pd.Series, baseline: pd.Series, pairing: str = "pai
         "seed_wins": wins, "wins_low": wins_ci.low if wins_ci else math.nan,
         "wins_high": wins_ci.high if wins_ci else math.nan,
         "dz": diff_mean / diff_std if diff_std > 0 else math.nan,
+        "diff_skewed": skewed,
     }
 
 
@@ -368,19 +461,57 @@ def _plan(row: pd.Series, delta: float, alpha: float, conservative: bool = False
     return seeds_needed(sigma, delta, alpha, paired=row["pairing"] == "paired")
 
 
-def _verdict(row: pd.Series, alpha: float) -> str:
-    decisive = row["p_adj"] < alpha
-    if decisive and row["ci_low"] > 0:
-        return "better"
-    if decisive and row["ci_high"] < 0:
-        return "worse"
-    if -row["delta_min"] < row["tost_low"] and row["tost_high"] < row["delta_min"]:
-        return "equivalent"
-    return "inconclusive"
+def significant(p_adj, ci_low, ci_high, alpha: float) -> np.ndarray:
+    """Adjusted p below alpha and the 1 - alpha interval excluding 0 (vectorised; NaN counts as no)."""
+    p_adj, ci_low, ci_high = (np.asarray(v, float) for v in (p_adj, ci_low, ci_high))
+    with np.errstate(invalid="ignore"):
+        return (p_adj < alpha) & ((ci_low > 0) | (ci_high < 0))
+
+
+def inside_margin(tost_low, tost_high, delta_min) -> np.ndarray:
+    """The 1 - 2 alpha interval inside (-delta_min, delta_min): two one-sided tests at alpha (vectorised;
+    a NaN margin or interval counts as no)."""
+    tost_low, tost_high, delta_min = (np.asarray(v, float) for v in (tost_low, tost_high, delta_min))
+    with np.errstate(invalid="ignore"):
+        return (-delta_min < tost_low) & (tost_high < delta_min)
+
+
+def verdict_rule(p_adj, ci_low, ci_high, tost_low, tost_high, delta_min, alpha: float) -> np.ndarray:
+    """compare's verdict, vectorised over comparisons (see VERDICTS). Equivalence takes precedence:
+    an interval inside +-delta_min is "equivalent", or NEGLIGIBLE ("equivalent (negligible
+    difference)") when the difference is also significant; "better" / "worse" need a significant
+    difference whose 1 - 2 alpha interval is not inside the margin; anything else is inconclusive."""
+    sig = significant(p_adj, ci_low, ci_high, alpha)
+    inside = inside_margin(tost_low, tost_high, delta_min)
+    above = np.asarray(ci_low, float) > 0
+    return np.select([inside & sig, inside, sig & above, sig],
+                     [NEGLIGIBLE, EQUIVALENT, BETTER, WORSE], INCONCLUSIVE).astype(object)
+
+
+def confirmatory_metrics(primary_metrics: str | Sequence[str] | AbstractSet[str] | Mapping[str, object]
+                         ) -> tuple[str, ...]:
+    """The confirmatory (Holm) metrics as a tuple without repeats: one metric name, a sequence or set of
+    names, or a mapping data kind -> metric name or names (e.g. {"regbench": "regbench_tvd",
+    "induction": ["induction_max"]}), all of whose metrics are confirmatory together."""
+    if isinstance(primary_metrics, str):
+        names = [primary_metrics]
+    elif isinstance(primary_metrics, Mapping):
+        names = []
+        for metrics in primary_metrics.values():
+            names += [metrics] if isinstance(metrics, str) else list(metrics)
+    elif isinstance(primary_metrics, AbstractSet):
+        names = sorted(primary_metrics)
+    else:
+        names = list(primary_metrics)
+    bad = [m for m in names if not isinstance(m, str)]
+    if bad:
+        raise ValueError(f"confirmatory metrics must be metric names, got {bad}")
+    return tuple(dict.fromkeys(names))
 
 
 def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
-            primary_metrics: Sequence[str] = ("regbench_tvd",), alpha: float = 0.05,
+            primary_metrics: str | Sequence[str] | AbstractSet[str] | Mapping[str, object] = ("regbench_tvd",),
+            alpha: float = 0.05,
             delta_min: float | Mapping[str, float] = 0.02, seed: int = 0,
             by: Sequence[str] | None = None, items: pd.DataFrame | None = None,
             n_boot: int = HB_N_BOOT) -> pd.DataFrame:
@@ -392,8 +523,12 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
     delta = sign * (candidate - baseline), so delta > 0 always means better than the baseline.
     p_adj is Holm over the confirmatory family (families x sizes x cell-key values x primary metrics,
     column correction = "holm", also in p_holm) and Benjamini-Hochberg over all other metrics ("fdr_bh",
-    exploratory). verdict: better / worse (adjusted p < alpha and the CI excludes 0 on that side),
-    equivalent (the 1 - 2 alpha CI, tost_low..tost_high, inside +-delta_min), else inconclusive.
+    exploratory). `primary_metrics` (the confirmatory metrics) may be one name, a sequence or set of
+    names, or a mapping data kind -> name(s) (`confirmatory_metrics`); all of them form one Holm family.
+    significant: adjusted p < alpha and the CI excludes 0; inside_margin: the 1 - 2 alpha CI
+    (tost_low..tost_high) lies inside +-delta_min. verdict (`verdict_rule`, VERDICTS): "equivalent
+    (negligible difference)" when both, "equivalent" when only inside the margin, better / worse when
+    significant and not inside the margin, else inconclusive.
     seeds_needed* are the seeds (pairs, or per family when unpaired) for 80% power at delta_min, at
     the upper 80% bound of sigma (conservative) and at the observed gap; SEEDS_MAX + 1 means
     "more than SEEDS_MAX" (seeds_unresolvable, and then seeds_more is NA). `delta_min` may map
@@ -401,9 +536,13 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
     Reference (ngram*) metrics and metrics without a declared direction are not compared.
     With `items` (the table of `analysis.load_items`), hb_* are the hierarchical seed x item bootstrap
     of `analysis.multibootstrap` with n_boot draws: percentile interval at 1 - alpha, hb_p and the
-    seed and item parts of its spread; NaN for metrics without items. The item table gets its cell
-    keys from `df` by run_id when it lacks them.
+    seed and item parts of its spread; NaN for metrics without items. hb_p is one-sided (the share of
+    draws with delta <= 0), unlike the two-sided p_value beside it: hb_p_sided says so ("one-sided").
+    The item table gets its cell keys from `df` by run_id when it lacks them.
+    diff_skewed flags comparisons whose paired differences (unpaired: either family's seed values) are
+    strongly skewed (`is_skewed`), where the t-interval may cover less than its level.
     """
+    primary_metrics = confirmatory_metrics(primary_metrics)
     keys = _keys(df, by)
     setting_columns = ["size", *keys, "metric"]
     directions = _directions(df)
@@ -452,5 +591,9 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
                     np.minimum(table["n_candidate"], table["n_baseline"]))
     table["seeds_unresolvable"] = (table["seeds_needed"] > SEEDS_MAX).fillna(False).astype(bool)
     table["seeds_more"] = (table["seeds_needed"] - have).clip(lower=0).mask(table["seeds_unresolvable"])
-    table["verdict"] = table.apply(_verdict, axis=1, alpha=alpha)
+    table["hb_p_sided"] = HB_P_SIDED
+    table["significant"] = significant(table["p_adj"], table["ci_low"], table["ci_high"], alpha)
+    table["inside_margin"] = inside_margin(table["tost_low"], table["tost_high"], table["delta_min"])
+    table["verdict"] = verdict_rule(table["p_adj"], table["ci_low"], table["ci_high"], table["tost_low"],
+                                    table["tost_high"], table["delta_min"], alpha)
     return table.sort_values(["metric", "size", *keys, "family"], ignore_index=True)[columns]

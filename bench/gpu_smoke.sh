@@ -35,7 +35,7 @@ def matmul_peak(n: int = 8192, reps: int = 20) -> float:
     return 2 * n ** 3 * reps / (time.perf_counter() - start)
 
 from orchestrator.config import compose_run, hydra_session
-from jobs.registry import train_job
+from jobs.registry import train as train_job
 
 with hydra_session():
     cfg = compose_run(["size=small", "family=dense", "tracker=none", "resources.gpus=1",
@@ -44,7 +44,7 @@ with hydra_session():
 peak = matmul_peak()
 result = train_job(cfg, out / "torch-run", lambda p: None)
 m = result.metrics
-rate = m["train_flops"] / m["train_time_s"]
+rate = m["train_flops"] / m["wall_time_s"]
 print(f"torch backend, {torch.cuda.get_device_name()}: {steps} steps bf16, "
       f"{m['tokens_per_s']:,.0f} tokens/s, {rate / 1e12:.1f} TFLOP/s model FLOPs = "
       f"{rate / peak:.1%} of the measured bf16 matmul peak ({peak / 1e12:.0f} TFLOP/s); "

@@ -33,11 +33,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator import grid, scheduler  # noqa: E402
+from orchestrator import grid  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
-from orchestrator.config import _resolved, _typed, hydra_session  # noqa: E402
+from orchestrator.config import hydra_session, typed_run  # noqa: E402
+from orchestrator.executors import ray_driver  # noqa: E402
+from orchestrator.plan import plan  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
-from jobs.registry import catalog  # noqa: E402
 
 console = Console()
 
@@ -71,19 +72,19 @@ def noop_grid(n: int, root: Path) -> list[str]:
             f"store.root={root}"]
 
 
-def noop_runs(n: int, root: Path) -> tuple[list, Store, dict]:
-    """n planned runs of one no-op job each, in a fresh store at root."""
-    cfgs = [p.config for p in grid.expand(noop_grid(n, root), catalog())[0]]
+def noop_runs(n: int, root: Path) -> tuple[list, Store, object]:
+    """n planned runs of one no-op job each, in a fresh store at root, and their executor."""
+    cfgs = [p.config for p in grid.expand(noop_grid(n, root))[0]]
     store = Store(root)
     store.create()
-    runs = scheduler.plan(cfgs, store)
+    runs = plan(cfgs, store)
     for r in runs:
         r.todo = ["noop"]
         store.write_config(r.run_id, r.config)
-    return runs, store, cfgs[0]["cluster"]
+    return runs, store, cfgs[0].cluster.executor()
 
 
-def _store_free(job: str, run_id: str, store_root: str, cfg: dict, *after: str, **_: object) -> str:
+def _store_free(job: str, run_id: str, store_root: str, cfg: object, *after: str, **_: object) -> str:
     """Stands in for orchestrator.worker.execute: same task, no store work."""
     return "done"
 
@@ -94,7 +95,8 @@ def overhead(n: int, root: Path, rounds: int) -> None:
     paths = ("full", "store_free")
     stores = {(p, r): noop_runs(n, root / f"{p}{r}") for p in paths for r in range(1, rounds + 1)}
     stores["full", 0] = noop_runs(n, root / "cold")
-    scheduler.init_ray(stores["full", 0][2])
+    session = stores["full", 0][2].session()
+    session.__enter__()
     noop = ray.remote(lambda i: i)
     ray.get([noop.options(num_cpus=1).remote(-1) for _ in range(4)])  # warm the workers up
 
@@ -103,13 +105,13 @@ def overhead(n: int, root: Path, rounds: int) -> None:
         ray.get([noop.options(num_cpus=1).remote(i) for i in range(n)])
         return time.monotonic() - t0
 
-    def full(runs, store, cluster) -> float:
+    def full(runs, store, executor) -> float:
         t0 = time.monotonic()
-        scheduler.run(runs, store, cluster, Console(file=open(os.devnull, "w")))
+        executor.run(runs, "bench", [], store, Console(file=open(os.devnull, "w")))
         return time.monotonic() - t0
 
     def store_free(*planned) -> float:
-        with mock.patch.object(scheduler, "execute", _store_free):
+        with mock.patch.object(ray_driver, "execute", _store_free):
             return full(*planned)
 
     cold = full(*stores["full", 0])  # its workers import torch and the job code first
@@ -118,7 +120,7 @@ def overhead(n: int, root: Path, rounds: int) -> None:
         walls["raw"].append(raw())
         walls["store_free"].append(store_free(*stores["store_free", r]))
         walls["full"].append(full(*stores["full", r]))
-    ray.shutdown()
+    session.__exit__(None, None, None)
     raw_s, free_s, full_s = (statistics.median(walls[k]) for k in ("raw", "store_free", "full"))
 
     table = Table(title=f"orchestration overhead, {n} no-op jobs, median of {rounds} rounds")
@@ -137,12 +139,12 @@ def planning(n: int, root: Path, alone: int = 50) -> None:
     from hydra import compose
 
     t0 = time.monotonic()
-    points, _ = grid.expand(noop_grid(n, root), catalog())
+    points, _ = grid.expand(noop_grid(n, root))
     batched = time.monotonic() - t0
     with hydra_session():
         t0 = time.monotonic()
         for p in points[:alone]:
-            _resolved(_typed(compose("config", overrides=list(p.overrides))), catalog())
+            typed_run(compose("config", overrides=list(p.overrides)))
         per_point = (time.monotonic() - t0) / min(alone, n)
     table = Table(title=f"planning, a grid of {n} seeds")
     for col in ("composition", "wall", "per point", "ratio"):

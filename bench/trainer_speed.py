@@ -29,30 +29,31 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jobs.data.regbench import TrainStream  # noqa: E402
-from jobs.families import build_model, build_optimizer  # noqa: E402
-from jobs.flops import flops_per_token, lidas_flop_ratio  # noqa: E402
+from jobs.families import build_model  # noqa: E402
+from jobs.flops import flop_ratio, flops_per_token  # noqa: E402
+from jobs.model import ModelConfig  # noqa: E402
+from jobs.optim import build_optimizer  # noqa: E402
 from jobs.train import train, train_step  # noqa: E402
 from orchestrator.config import compose_run, hydra_session  # noqa: E402
 
 console = Console()
 
 
-def config(size: str, family: str = "dense", *extra: str) -> dict:
+def config(size: str, family: str = "dense", *extra: str):
     with hydra_session():
         return compose_run([f"size={size}", f"family={family}", "tracker=none", *extra])
 
 
-def hf_llama(model_cfg: dict, ours: torch.nn.Module) -> torch.nn.Module:
+def hf_llama(model_cfg: ModelConfig, ours: torch.nn.Module) -> torch.nn.Module:
     """LlamaForCausalLM with our hyper-parameters, carrying a copy of our weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hf = LlamaForCausalLM(LlamaConfig(
-        vocab_size=model_cfg["vocab_size"], hidden_size=model_cfg["d_model"],
-        intermediate_size=model_cfg["d_ff"], num_hidden_layers=len(ours.layers),
-        num_attention_heads=model_cfg["n_heads"], num_key_value_heads=model_cfg["n_kv_heads"],
-        max_position_embeddings=model_cfg["max_seq_len"], rope_theta=model_cfg["rope_theta"],
-        rms_norm_eps=model_cfg["norm_eps"], tie_word_embeddings=model_cfg["tie_embeddings"],
+        vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.d_model,
+        intermediate_size=model_cfg.d_ff, num_hidden_layers=len(ours.layers),
+        num_attention_heads=model_cfg.n_heads, num_key_value_heads=model_cfg.n_kv_heads,
+        max_position_embeddings=model_cfg.max_seq_len, rope_theta=model_cfg.rope_theta,
+        rms_norm_eps=model_cfg.norm_eps, tie_word_embeddings=model_cfg.tie_embeddings,
         attention_bias=False, mlp_bias=False, hidden_act="silu", attn_implementation="sdpa"))
     names = {"embed": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head",
              "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
@@ -118,25 +119,25 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
     cfg = config(size)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    ours = build_model(cfg)
-    hf = hf_llama(cfg["model"], ours)
-    stream = TrainStream(cfg["data"], 0, cfg["train"]["batch_size"])
+    ours = build_model(cfg.family, cfg.model)
+    hf = hf_llama(cfg.model, ours)
+    stream = cfg.data.train_stream(0, cfg.train.batch_size)
     probe = stream.batch(0)[0][:2]
     with torch.no_grad():
         gap = (ours(probe) - hf(input_ids=probe).logits.float()).abs().max().item()
     assert gap < 1e-4, f"the two models disagree (max |logit gap| {gap:.2e}): not the same config"
-    opt_ours, opt_hf = build_optimizer(ours, cfg["train"]), build_optimizer(hf, cfg["train"])
+    opt_ours, opt_hf = build_optimizer(ours, cfg.train), build_optimizer(hf, cfg.train)
     # The compiled twins share their weights and optimizer with the eager models.
     median = alternate({"HF": (hf, opt_hf, True), "ours": (ours, opt_ours, False),
                         "ours, compiled": (torch.compile(ours), opt_ours, False),
                         "HF, compiled": (torch.compile(hf), opt_hf, True)},
                        stream, rounds, steps_per_round)
-    tokens = cfg["train"]["batch_size"] * cfg["data"]["seq_len"]
+    tokens = cfg.train.batch_size * cfg.data.seq_len
     ours_tps = tokens / median["ours"]
 
-    m = cfg["model"]
-    table = Table(title=f"trainer throughput, size={size} (d={m['d_model']}, {m['n_layers']} layers, "
-                        f"batch {cfg['train']['batch_size']} x {cfg['data']['seq_len']}), {threads} threads")
+    m = cfg.model
+    table = Table(title=f"trainer throughput, size={size} (d={m.d_model}, {m.n_layers} layers, "
+                        f"batch {cfg.train.batch_size} x {cfg.data.seq_len}), {threads} threads")
     for col in ("trainer", "median step", "tokens/s", "ratio to HF eager"):
         table.add_column(col, justify="right")
     labels = {"HF": "HF LlamaForCausalLM (sdpa)", "ours": "ours (jobs/model.py)",
@@ -149,7 +150,7 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
     console.print(f"max |logit gap| between the two at init: {gap:.1e}")
 
     peak = matmul_peak(threads)
-    per_token = flops_per_token(m, m["n_layers"], cfg["data"]["seq_len"])
+    per_token = flops_per_token(m, m.n_layers, cfg.data.seq_len)
     achieved = ours_tps * per_token
     mfu = Table(title=f"model-FLOPs utilisation, size={size}, {threads} threads")
     for col in ("FLOPs per token", "achieved", "matmul peak (fp32 2048^3)", "MFU"):
@@ -167,7 +168,7 @@ def lidas_vs_dense(size: str, threads: int, steps: int, repeats: int) -> None:
     walls = {f: [] for f in cfgs}
     for _ in range(repeats):
         for family, cfg in cfgs.items():
-            stream = TrainStream(cfg["data"], 0, cfg["train"]["batch_size"])
+            stream = cfg.data.train_stream(0, cfg.train.batch_size)
             with tempfile.TemporaryDirectory() as run_dir:
                 walls[family].append(_train_wall(cfg, Path(run_dir), stream))
     dense, lidas = (statistics.median(walls[f]) for f in ("dense", "lidas"))
@@ -175,11 +176,11 @@ def lidas_vs_dense(size: str, threads: int, steps: int, repeats: int) -> None:
     for col in ("dense wall", "LIDAS wall", "wall ratio", "FLOP ratio (schedule)"):
         table.add_column(col, justify="right")
     table.add_row(f"{dense:.1f}s", f"{lidas:.1f}s", f"{lidas / dense:.3f}",
-                  f"{lidas_flop_ratio(cfgs['lidas'], cfgs['lidas']['data']['seq_len']):.3f}")
+                  f"{flop_ratio(cfgs['lidas'].family, cfgs['lidas'].model, steps, cfgs['lidas'].data.seq_len):.3f}")
     console.print(table)
 
 
-def _train_wall(cfg: dict, run_dir: Path, stream: TrainStream) -> float:
+def _train_wall(cfg, run_dir: Path, stream) -> float:
     start = time.perf_counter()
     train(cfg, run_dir, stream.batch)
     return time.perf_counter() - start

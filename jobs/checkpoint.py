@@ -8,17 +8,14 @@ previous one used.
 
 import errno
 import logging
-import os
 import pickle
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
+from common.atomic import write_atomic
 from jobs import integrity
-from jobs.families import build_model
-from jobs.model import Decoder
 
 log = logging.getLogger(__name__)
 
@@ -35,27 +32,9 @@ def checkpoint_paths(run_dir: Path) -> list[Path]:
 
 
 def save_atomic(obj: object, path: Path) -> None:
-    """torch.save to a temp file in the same directory, fsync, then rename over `path`.
-
-    A reader (or a resumed run) therefore sees the old file or the complete new one, never half.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            torch.save(obj, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    """torch.save through the project's atomic writer (temp file, fsync, rename, directory
+    fsync): a reader (or a resumed run) sees the old file or the complete new one, never half."""
+    write_atomic(path, lambda file: torch.save(obj, file))
 
 
 def save_checkpoint(state: Mapping, run_dir: Path, keep: int = 2) -> Path:
@@ -107,18 +86,3 @@ def latest_checkpoint(run_dir: Path) -> dict | None:
         log.warning("quarantining checkpoint %s: %s", path, reason)
         integrity.quarantine(path, reason)
     return None
-
-
-def load_model(cfg: Mapping, run_dir: Path) -> Decoder:
-    """The finished run's model on CPU in eval mode; refuses a run that has not finished."""
-    if cfg["backend"]["name"] == "nanotron":  # its final checkpoint, through the bridge
-        from jobs.nanotron.bridge import final_model
-        return final_model(cfg, run_dir).eval()
-    state = latest_checkpoint(run_dir)
-    steps = cfg["train"]["steps"]
-    if state is None or state["step"] != steps:
-        found = "no checkpoint" if state is None else f"step {state['step']}"
-        raise FileNotFoundError(f"{run_dir} has no final checkpoint (step {steps}); found {found}")
-    model = build_model(cfg, state["ancestors"])
-    model.load_state_dict(state["model"])
-    return model.eval()

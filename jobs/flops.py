@@ -11,34 +11,34 @@ with hd = d / H and K key/value heads. The first term is Kaplan's 6N (forward + 
 the matrix weights and the LM head); the second is attention scores and values over a context
 of n_ctx tokens. Norms and softmax are ignored.
 """
+from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import Optional
 
-from jobs.families import stage_schedule
+from jobs.families import FamilyConfig
+from jobs.model import ModelConfig
 
 
-def flops_per_token(model_cfg: Mapping, effective_layers: int, n_ctx: int) -> int:
-    d, heads, kv_heads = model_cfg["d_model"], model_cfg["n_heads"], model_cfg["n_kv_heads"]
+def flops_per_token(model: ModelConfig, effective_layers: int, n_ctx: int) -> int:
+    d, heads, kv_heads = model.d_model, model.n_heads, model.n_kv_heads
     head_dim = d // heads
     attention = d * heads * head_dim + 2 * d * kv_heads * head_dim + heads * head_dim * d
-    per_layer = attention + 3 * d * model_cfg["d_ff"]
-    weights = effective_layers * per_layer + model_cfg["vocab_size"] * d
+    per_layer = attention + 3 * d * model.d_ff
+    weights = effective_layers * per_layer + model.vocab_size * d
     return 6 * weights + 6 * effective_layers * n_ctx * d
 
 
-def schedule_flops(cfg: Mapping, tokens_per_step: int, n_ctx: int) -> int:
+def schedule_flops(family: FamilyConfig, model: ModelConfig, steps: int, tokens_per_step: int,
+                   n_ctx: int) -> int:
     """Training FLOPs of the whole run: each stage's steps at that stage's depth."""
     return tokens_per_step * sum(
-        (stage.end_step - stage.start_step) * flops_per_token(cfg["model"], stage.n_layers, n_ctx)
-        for stage in stage_schedule(cfg)
-    )
+        (stage.end_step - stage.start_step) * flops_per_token(model, stage.n_layers, n_ctx)
+        for stage in family.stages(model, steps))
 
 
-def lidas_flop_ratio(cfg: Mapping, n_ctx: int | None = None) -> float:
-    """Training FLOPs of this run over a dense run of the same final depth and steps.
-
-    n_ctx defaults to model.max_seq_len.
-    """
-    n_ctx = cfg["model"]["max_seq_len"] if n_ctx is None else n_ctx
-    dense = cfg["train"]["steps"] * flops_per_token(cfg["model"], cfg["model"]["n_layers"], n_ctx)
-    return schedule_flops(cfg, 1, n_ctx) / dense
+def flop_ratio(family: FamilyConfig, model: ModelConfig, steps: int, n_ctx: Optional[int] = None) -> float:
+    """Training FLOPs of this family's schedule over a dense run of the same final depth and
+    steps (LIDAS's saving is 1 minus this); n_ctx defaults to model.max_seq_len."""
+    n_ctx = model.max_seq_len if n_ctx is None else n_ctx
+    dense = steps * flops_per_token(model, model.n_layers, n_ctx)
+    return schedule_flops(family, model, steps, 1, n_ctx) / dense

@@ -4,16 +4,17 @@ Each checkpoint `step_XXXXXXX.pt` has a sidecar `step_XXXXXXX.pt.sha256` holding
 {"bytes": size, "sha256": hex digest}. `problem(path, full=False)` compares only the size (cheap
 enough for `status` on large checkpoints); `full=True` also hashes the file (done before loading).
 A bad file is quarantined: renamed to `<name>.corrupt` and a line appended to `quarantine.log` in
-its directory, which is the record `status` shows. Standard library only: the orchestrator reads
-these without importing torch.
+its directory, which is the record `status` shows. No torch: the orchestrator reads these without
+importing it.
 """
 
 import datetime as dt
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from common.atomic import write_json
 
 QUARANTINE_LOG = "quarantine.log"
 
@@ -31,18 +32,8 @@ def digest(path: Path) -> dict:
 
 
 def write_digest(path: Path) -> None:
-    """Write `path`'s sidecar atomically (temp file, fsync, rename)."""
-    target = sidecar(Path(path))
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as file:
-            json.dump(digest(Path(path)), file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    """Write `path`'s sidecar atomically (and durably, like the checkpoint it describes)."""
+    write_json(sidecar(Path(path)), digest(Path(path)))
 
 
 def problem(path: Path, full: bool = True) -> str | None:

@@ -1,7 +1,7 @@
-"""Multi-process jobs: build and run a `torchrun` command, and the per-rank entry point.
+"""Multi-process jobs: build and run a `torchrun` command, and the records its ranks print.
 
 `run_torchrun` is the one way this project starts `torchrun` (the torch backend's DDP training
-uses it through `python -m jobs.launch`; other trainers pass their own entry script or module).
+uses it through `python -m jobs.rank`; other trainers pass their own entry script or module).
 It uses torchrun's static rendezvous: every node is told the node count, its rank and the
 address of node rank 0, so no rendezvous server is needed.
 
@@ -11,7 +11,6 @@ reason the launcher reports). jobs never imports orchestrator, so this is the wh
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import ctypes
 import json
@@ -21,13 +20,14 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:
-    from jobs.registry import JobResult
+import pandas as pd
+
+from common.atomic import write_json
+from jobs.contract import JobResult
 
 PROGRESS, ERROR = "@@progress ", "@@error "
 _EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(?:Error|Exception)): .+")
@@ -54,7 +54,7 @@ def torchrun_command(entry: Sequence[str], *, nnodes: int, nproc_per_node: int, 
             *entry]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: SIGTERM this process when its parent dies (a force-cancelled Ray worker is
     SIGKILLed and cannot clean up; torchrun then stops its ranks on that SIGTERM)."""
     try:
@@ -82,7 +82,7 @@ def run_torchrun(entry: Sequence[str], *, nproc_per_node: int, nnodes: int = 1, 
     reported: list[str] = []
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=child_env, cwd=cwd, start_new_session=True,
-                            preexec_fn=_die_with_parent, bufsize=1)
+                            preexec_fn=die_with_parent, bufsize=1)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -160,70 +160,10 @@ def emit(marker: str, record: dict) -> None:
 def dump_result(result: JobResult, path: Path) -> None:
     frames = {k: None if df is None else df.to_dict(orient="list")
               for k, df in (("items", result.items), ("history", result.history))}
-    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"metrics": result.metrics, "higher_is_better": result.higher_is_better,
-                   "curves": result.curves, **frames}, f)
-    os.replace(tmp, path)
+    write_json(path, {"metrics": result.metrics, "curves": result.curves, **frames}, durable=False)
 
 
 def load_result(path: Path) -> JobResult:
-    import pandas as pd
-
-    from jobs.registry import JobResult  # noqa: F811 (the runtime import)
-
     raw = json.loads(Path(path).read_text())
     frames = {k: None if raw[k] is None else pd.DataFrame(raw[k]) for k in ("items", "history")}
-    return JobResult(metrics=raw["metrics"], higher_is_better=raw["higher_is_better"],
-                     curves=raw["curves"], **frames)
-
-
-# ---------------------------------------------------------------------------------------------
-# Per-rank entry: python -m jobs.launch --job train --config cfg.json --run-dir D --result R
-
-def init_distributed() -> None:
-    """NCCL when this rank drives a GPU, gloo otherwise (CPU DDP, how it is tested here)."""
-    import torch
-    import torch.distributed as dist
-
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="one rank of a multi-process job")
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--config", required=True, type=Path, help="resolved run config (JSON)")
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--result", required=True, type=Path, help="where rank 0 writes the result")
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    _die_with_parent()
-
-    import torch
-    import torch.distributed as dist
-
-    from jobs.registry import get_job
-
-    torch.set_num_threads(args.threads)
-    cfg = json.loads(args.config.read_text())
-    rank = int(os.environ.get("RANK", 0))
-    init_distributed()
-    try:
-        def progress(p: dict) -> None:
-            emit(PROGRESS, p)
-        result = get_job(args.job)(cfg, args.run_dir, progress if rank == 0 else (lambda p: None))
-        if rank == 0:
-            dump_result(result, args.result)
-    except Exception as e:
-        emit(ERROR, {"rank": rank, "error": f"rank {rank}: {type(e).__name__}: {e}"[:2000]})
-        raise
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return JobResult(metrics=raw["metrics"], curves=raw["curves"], **frames)

@@ -7,11 +7,40 @@ Decoding passes a `KVCache`, which holds keys and values per application of a la
 model's shared block gets one entry per loop), so generation costs one position per step.
 """
 
-from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from common.settings import require, setting
+
+
+@dataclass
+class ModelConfig:
+    """The decoder's shape (conf/size/*.yaml). `block_size` is the unit of depth a family works
+    in: LIDAS grows by one block per stage, a looped model repeats one block."""
+    name: str = setting()
+    d_model: int = setting(gt=0)
+    n_layers: int = setting(gt=0)
+    n_heads: int = setting(gt=0)
+    n_kv_heads: int = setting(gt=0)
+    d_ff: int = setting(gt=0)
+    vocab_size: int = setting(gt=0)
+    max_seq_len: int = setting(gt=0)
+    rope_theta: float = setting(gt=0)
+    norm_eps: float = setting(gt=0)
+    init_std: float = setting(gt=0)
+    block_size: int = setting(gt=0)
+    tie_embeddings: bool = setting()
+
+    def check(self, run: object) -> None:
+        require(self.d_model % self.n_heads == 0,
+                f"model.n_heads={self.n_heads}: must divide model.d_model={self.d_model}")
+        require(self.n_heads % self.n_kv_heads == 0,
+                f"model.n_kv_heads={self.n_kv_heads}: must divide model.n_heads={self.n_heads}")
+        require((self.d_model // self.n_heads) % 2 == 0,
+                f"model.d_model/n_heads={self.d_model // self.n_heads}: RoPE needs an even head size")
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -97,13 +126,13 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer layer. Holds no position tables, so a deep copy is just its weights."""
 
-    def __init__(self, model_cfg: Mapping):
+    def __init__(self, model_cfg: ModelConfig):
         super().__init__()
-        d, eps = model_cfg["d_model"], model_cfg["norm_eps"]
+        d, eps = model_cfg.d_model, model_cfg.norm_eps
         self.attn_norm = nn.RMSNorm(d, eps=eps)
-        self.attn = Attention(d, model_cfg["n_heads"], model_cfg["n_kv_heads"])
+        self.attn = Attention(d, model_cfg.n_heads, model_cfg.n_kv_heads)
         self.mlp_norm = nn.RMSNorm(d, eps=eps)
-        self.mlp = SwiGLU(d, model_cfg["d_ff"])
+        self.mlp = SwiGLU(d, model_cfg.d_ff)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
                 cache: tuple[KVCache, int] | None = None) -> Tensor:
@@ -114,27 +143,27 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     def __init__(
         self,
-        model_cfg: Mapping,
+        model_cfg: ModelConfig,
         n_unique_layers: int,
         plan: list[int],
         ancestors: list[int] | None = None,
     ):
         super().__init__()
-        d, vocab = model_cfg["d_model"], model_cfg["vocab_size"]
+        d, vocab = model_cfg.d_model, model_cfg.vocab_size
         self.ancestors = list(range(n_unique_layers)) if ancestors is None else list(ancestors)
         if len(self.ancestors) != n_unique_layers or not set(plan) <= set(range(n_unique_layers)):
             raise ValueError(f"plan {plan} / ancestors {ancestors} do not fit {n_unique_layers} layers")
         self.plan = list(plan)
         self.embed = nn.Embedding(vocab, d)
         self.layers = nn.ModuleList(Block(model_cfg) for _ in range(n_unique_layers))
-        self.norm = nn.RMSNorm(d, eps=model_cfg["norm_eps"])
+        self.norm = nn.RMSNorm(d, eps=model_cfg.norm_eps)
         self.lm_head = nn.Linear(d, vocab, bias=False)
-        if model_cfg["tie_embeddings"]:
+        if model_cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        cos, sin = rope_tables(d // model_cfg["n_heads"], model_cfg["max_seq_len"], model_cfg["rope_theta"])
+        cos, sin = rope_tables(d // model_cfg.n_heads, model_cfg.max_seq_len, model_cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        std = model_cfg["init_std"]
+        std = model_cfg.init_std
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)

@@ -11,10 +11,13 @@ average equals the gradient of the global batch's token mean. Rank 0 alone write
 and reports progress; every rank resumes from the same newest checkpoint.
 """
 
+from __future__ import annotations
+
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -22,28 +25,22 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from jobs.checkpoint import latest_checkpoint, save_checkpoint
-from jobs.families import build_model, build_optimizer, grow, stage_schedule
+from jobs.families import build_model
 from jobs.flops import flops_per_token
 from jobs.model import Decoder
+from jobs.optim import build_optimizer, learning_rate
+
+if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
+    from jobs.config import JobConfig
 
 Batches = Callable[[int], tuple[Tensor, Tensor]]
 
 
-def learning_rate(step: int, train_cfg: Mapping) -> float:
-    """Linear warm-up, then cosine from lr down to lr * min_lr_ratio at the last step."""
-    peak, warmup, steps = train_cfg["lr"], train_cfg["warmup_steps"], train_cfg["steps"]
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    floor = peak * train_cfg["min_lr_ratio"]
-    progress = (step + 1 - warmup) / max(1, steps - warmup)
-    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
-
-
-def resolve_device(cfg: Mapping) -> torch.device:
+def resolve_device(cfg: JobConfig) -> torch.device:
     """"auto" takes CUDA only when the run was given a GPU and one is visible."""
-    choice = cfg["backend"]["device"]
+    choice = cfg.backend.device
     if choice == "auto":
-        wants_gpu = cfg["resources"]["gpus"] > 0 and torch.cuda.is_available()
+        wants_gpu = cfg.resources.gpus > 0 and torch.cuda.is_available()
         choice = "cuda" if wants_gpu else "cpu"
     if choice == "cuda" and dist.is_initialized():
         return torch.device("cuda", torch.cuda.current_device())  # set per rank by jobs.launch
@@ -77,12 +74,12 @@ def final_loss(history: list[dict]) -> float:
     return sum(row["loss"] for row in tail) / len(tail)
 
 
-def restore(cfg: Mapping, run_dir: Path, device: torch.device) -> tuple[Decoder, torch.optim.AdamW, dict]:
+def restore(cfg: JobConfig, run_dir: Path, device: torch.device) -> tuple[Decoder, torch.optim.AdamW, dict]:
     """Model, optimizer and run tally from the newest readable checkpoint, or fresh ones."""
-    torch.manual_seed(cfg["seed"])
+    torch.manual_seed(cfg.seed)
     saved = latest_checkpoint(run_dir)
-    model = build_model(cfg, saved["ancestors"] if saved else None).to(device)
-    optimizer = build_optimizer(model, cfg["train"])
+    model = build_model(cfg.family, cfg.model, saved["ancestors"] if saved else None).to(device)
+    optimizer = build_optimizer(model, cfg.train)
     run = {"step": 0, "tokens": 0, "flops": 0, "history": [], "window_losses": [], "train_time_s": 0.0}
     if saved:
         model.load_state_dict(saved["model"])
@@ -110,7 +107,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs:
 
 
 def train(
-    cfg: Mapping,
+    cfg: JobConfig,
     run_dir: Path,
     batches: Batches,
     progress: Callable[[dict], None] | None = None,
@@ -121,14 +118,14 @@ def train(
     makes CPU results reproducible, since reductions split differently across threads.
     """
     attempt_start = time.perf_counter()
-    train_cfg, total = cfg["train"], cfg["train"]["steps"]
+    train_cfg, total = cfg.train, cfg.train.steps
     rank, world = data_parallel()
     device = resolve_device(cfg)
     model, optimizer, run = restore(cfg, run_dir, device)
-    if train_cfg["compile"]:
+    if train_cfg.compile:
         model.compile()  # in place, so the state dict keeps its keys; a growth step recompiles
     module = wrap(model)
-    stages = stage_schedule(cfg)
+    stages = cfg.family.stages(cfg.model, total)
     grow_to = {stage.start_step: stage.n_layers for stage in stages}
     stage_ends = {stage.end_step for stage in stages}
 
@@ -139,7 +136,7 @@ def train(
     for step in range(run["step"], total):
         if model.depth < grow_to.get(step, model.depth):
             while model.depth < grow_to[step]:
-                optimizer = grow(model, optimizer, cfg)
+                optimizer = cfg.family.grow(model, optimizer, lambda m: build_optimizer(m, train_cfg))
             module = wrap(model)
         lr = learning_rate(step, train_cfg)
         for group in optimizer.param_groups:
@@ -153,15 +150,15 @@ def train(
             scale = float((targets[mine] != -100).sum() * world) / counted
             inputs, targets = inputs[mine], targets[mine]
         inputs, targets = (t.to(device, non_blocking=True) for t in (inputs, targets))
-        window.append(train_step(module, optimizer, inputs, targets, train_cfg["grad_clip"], scale)
+        window.append(train_step(module, optimizer, inputs, targets, train_cfg.grad_clip, scale)
                       / world)
 
         done, elapsed = step + 1, time.perf_counter() - loop_start
         run["step"], run["train_time_s"] = done, resumed_time + elapsed
         run["tokens"] += n_tokens
-        run["flops"] += n_tokens * flops_per_token(cfg["model"], model.depth, shape[1])
-        logging_now = done % train_cfg["log_every"] == 0 or done == total
-        checkpointing = done % train_cfg["checkpoint_every"] == 0 or done in stage_ends
+        run["flops"] += n_tokens * flops_per_token(cfg.model, model.depth, shape[1])
+        logging_now = done % train_cfg.log_every == 0 or done == total
+        checkpointing = done % train_cfg.checkpoint_every == 0 or done in stage_ends
         if not (logging_now or checkpointing):
             continue
         losses = torch.stack(window)

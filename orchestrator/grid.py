@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Mapping
 
 import yaml
 from hydra import compose
@@ -16,14 +15,14 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
 
-from . import config
-from .config import ConfigError, compose_runs, hydra_session, yaml_message
+from orchestrator import config
+from orchestrator.config import ConfigError, RunConfig, compose_runs, hydra_session, yaml_message
 
 
 @dataclass(frozen=True)
 class GridPoint:
     overrides: tuple[str, ...]
-    config: dict
+    config: RunConfig
 
 
 def _parse(overrides: list[str]) -> list:
@@ -72,13 +71,13 @@ def axes(cli_overrides: list[str]) -> dict[str, list[str]]:
     return merged
 
 
-def expand(cli_overrides: list[str], catalog: Mapping[str, frozenset[str]]) -> tuple[list[GridPoint], str]:
+def expand(cli_overrides: list[str]) -> tuple[list[GridPoint], str]:
     """All grid points, validated, and the default sweep name derived from the grid."""
     with hydra_session():
         grid = axes(cli_overrides)
         combos = list(itertools.product(*grid.values()))
         points = [GridPoint(tuple(combo), cfg)
-                  for combo, cfg in zip(combos, compose_runs([list(c) for c in combos], catalog))]
+                  for combo, cfg in zip(combos, compose_runs([list(c) for c in combos]))]
     return points, default_sweep_name(grid)
 
 

@@ -1,36 +1,79 @@
-"""Run identity: a stable hash of what determines a run's results, not of where or how it runs."""
+"""Run identity: a stable hash of what determines a run's results, not of where or how it runs.
+
+The hash is over the canonical JSON of the run config's semantic part. Its form is the one of
+the store's first format, kept so that every run of an existing store keeps its id: that format
+had one schema for every component, so each config carried the sections of the families, data
+kinds and backends it did not use (as null, or at that schema's defaults), and the settings of
+the evaluations known then. `semantic_config` rebuilds exactly that form. An evaluation added
+since is not part of the id: its settings are recorded with its result instead (`settings_digest`,
+orchestrator/plan.py reruns it when they change), so adding an evaluation retrains nothing."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
+from typing import Any
 
 # Sections and keys that do not change a run's results: where it runs, how it is tracked and
 # stored, how often it checkpoints or retries, whether it is compiled (like the thread count, it
-# moves the last bits only), and which evaluations are listed (a newly listed
-# evaluation runs on the existing run instead of retraining it).
+# moves the last bits only, as nanotron's attention kernel does), and which evaluations are listed
+# (a newly listed evaluation runs on the existing run instead of retraining it).
 NON_SEMANTIC = ("cluster", "store", "resources", "tracker", "adaptive", "train.max_retries",
-                "train.checkpoint_every", "train.compile", "eval.jobs", "eval.resources")
+                "train.checkpoint_every", "train.compile", "eval.jobs", "eval.resources",
+                "backend.nanotron.project", "backend.nanotron.attn_implementation")
+
+# The form of format 1 (see the module docstring).
+FORMAT1_EVALUATIONS = ("regbench", "induction", "ablation", "gsm8k")
+FORMAT1_SECTIONS = {"family": ("growth", "loop"), "data": ("arith",), "backend": ("nanotron",)}
+FORMAT1_REGBENCH_FIELDS = {  # what an arith run's data section held: that schema's defaults
+    "n_symbols": 18, "num_states": [3, 5], "alphabet_size": [3, 6], "transitions_per_state": [1, 2],
+    "strings_per_instance": [20, 30], "string_length": [1, 10], "train_automata": 2000,
+    "heldout_automata": 200}
 
 
-def semantic_config(cfg: dict) -> dict:
-    """The part of a resolved config that the run id is computed from."""
-    out = copy.deepcopy(cfg)
+def _plain(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else copy.deepcopy(cfg)
+
+
+def semantic_config(cfg: Any) -> dict:
+    """The part of a run config (typed, or a stored dict) that the run id is computed from."""
+    out = _plain(cfg)
     for dotted in NON_SEMANTIC:
         *parents, leaf = dotted.split(".")
         node = out
         for p in parents:
-            node = node.get(p, {})
+            node = node.get(p) or {}
         node.pop(leaf, None)
+    for section, keys in FORMAT1_SECTIONS.items():
+        for key in keys:
+            out[section].setdefault(key, None)
+    if out["data"].get("kind") == "arith":
+        for key, value in FORMAT1_REGBENCH_FIELDS.items():
+            out["data"].setdefault(key, value)
+    out["eval"] = {k: v for k, v in out["eval"].items() if k in FORMAT1_EVALUATIONS}
     return out
 
 
-def run_id(cfg: dict) -> str:
+def run_id(cfg: Any) -> str:
     """12 hex digits of sha256 over the canonical JSON of the semantic config (key order free)."""
-    canonical = json.dumps(semantic_config(cfg), sort_keys=True, separators=(",", ":"))
+    return _digest(semantic_config(cfg))
+
+
+def settings_digest(cfg: Any, job: str) -> str | None:
+    """For an evaluation whose settings are not part of the run id, a digest of them (recorded
+    with its result); None for the others."""
+    if job == "train" or job in FORMAT1_EVALUATIONS:
+        return None
+    settings = getattr(cfg.eval, job, None)
+    return None if settings is None else _digest(dataclasses.asdict(settings))
+
+
+def _digest(obj: Any) -> str:
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
-def run_label(cfg: dict) -> str:
+def run_label(cfg: Any) -> str:
     """Human name used in progress lines and trackers: `<family>-<size>-s<seed>`."""
-    return f"{cfg['family']['name']}-{cfg['model']['name']}-s{cfg['seed']}"
+    return f"{cfg.family.name}-{cfg.model.name}-s{cfg.seed}"

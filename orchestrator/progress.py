@@ -7,19 +7,15 @@ import datetime as dt
 import os
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from jobs.registry import HEADLINE_METRICS
-
-from .store import DONE, FAILED, PENDING, RUNNING, Store
-
-if TYPE_CHECKING:
-    from .scheduler import PlannedRun
+from jobs.registry import headline
+from orchestrator.plan import PlannedRun
+from orchestrator.store import DONE, FAILED, PENDING, RUNNING, Store
 
 
 def _eta(seconds: float | None) -> str:
@@ -50,7 +46,7 @@ class States:
         return seen[1]
 
 
-def render(runs: list["PlannedRun"], states: States, outcome: dict[str, str], started: float) -> Group:
+def render(runs: list[PlannedRun], states: States, outcome: dict[str, str], started: float) -> Group:
     counts: Counter = Counter()
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("run", "id", "job", "step", "loss", "layers", "tok/s", "eta"):
@@ -77,7 +73,7 @@ def render(runs: list["PlannedRun"], states: States, outcome: dict[str, str], st
     return Group(header, table) if table.row_count else Group(header)
 
 
-def finished_line(r: "PlannedRun", job: str, run_state: dict, store: Store | None) -> str:
+def finished_line(r: PlannedRun, job: str, run_state: dict, store: Store | None) -> str:
     """`job` done; with `store` (given once the whole run is done) also the run's headline metric."""
     state = run_state["jobs"].get(job, {})
     took = ""
@@ -85,14 +81,14 @@ def finished_line(r: "PlannedRun", job: str, run_state: dict, store: Store | Non
         seconds = (dt.datetime.fromisoformat(state["ended_at"])
                    - dt.datetime.fromisoformat(state["started_at"])).total_seconds()
         took = f" in {_eta(seconds)}"
-    headline = ""
+    shown = ""
     if store is not None:
-        name = HEADLINE_METRICS[r.config["data"]["kind"]]
-        if (value := store.read_metrics(r.run_id).get("metrics", {}).get(name)) is not None:
-            headline = f", {name} {value:.4f}"
-    return f"[green]done[/] {r.label} {r.run_id} {job}{took}{headline}"
+        name = headline(r.config.data.kind)
+        if name and (value := store.read_metrics(r.run_id).get("metrics", {}).get(name)) is not None:
+            shown = f", {name} {value:.4f}"
+    return f"[green]done[/] {r.label} {r.run_id} {job}{took}{shown}"
 
 
-def failed_line(r: "PlannedRun", job: str, store: Store) -> str:
+def failed_line(r: PlannedRun, job: str, store: Store) -> str:
     error = store.read_state(r.run_id).get("error") or "unknown error"
     return f"[red]failed[/] {r.label} {r.run_id} {job}: {escape(error)}"

@@ -1,16 +1,20 @@
 """The results store: a directory tree that is the single source of truth of every sweep.
 
-    <root>/store.json                  {"format_version": 1}
+    <root>/store.json                  {"format_version": 2}
     <root>/runs/<run_id>/config.yaml   resolved config
     <root>/runs/<run_id>/state.json    per job: status, attempts, start/end times, host, pid, error
-    <root>/runs/<run_id>/metrics.json  {"metrics", "higher_is_better", "curves"} merged over jobs
+    <root>/runs/<run_id>/metrics.json  {"metrics", "higher_is_better", "curves", "specs",
+                                       "curve_specs"} merged over jobs (specs: common/metrics.py)
     <root>/runs/<run_id>/history.parquet, items/<eval>.parquet, checkpoints/, progress.json
     <root>/sweeps/<name>/sweep.yaml    overrides given (every invocation) and run ids
 
-Every write is atomic (temp file in the same directory, rename), so a killed process leaves
-either the old or the new file. Writes worth more than a rerun (sweep records, the results of
-a job that ran a second or more) are also fsync'ed to survive a power cut; a lost unsynced
-write reads as a missing or unreadable file, and the job reruns.
+Every write goes through common/atomic.py (temp file in the same directory, rename), so a killed
+process leaves either the old or the new file. Writes worth more than a rerun (sweep records,
+the results of a job that ran a second or more) are also fsync'ed to survive a power cut; a lost
+unsynced write reads as a missing or unreadable file, and the job reruns.
+
+Format 1 stores lacked the metric specs in metrics.json; `upgrade` adds them from the jobs'
+declarations the first time a sweep or a report writes to such a store.
 
 A job claims its run with an exclusive `flock` on `runs/<id>/.lock` for as long as it works on
 it: the kernel releases it when the process dies, so a claim can never go stale on a local or
@@ -24,23 +28,23 @@ do, and the next sweep reruns them (training resumes from the newest sound check
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import fcntl
 import glob
-import json
 import os
 import socket
-import tempfile
-import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-import pandas as pd
 import yaml
 
+from common.atomic import read_json, write_json, write_yaml
+from common.settings import setting
 from jobs import integrity
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
     "done", "failed", "running", "pending", "interrupted", "corrupt")
 
@@ -49,73 +53,13 @@ class StoreError(RuntimeError):
     """The store cannot be used as asked (version, permissions, missing sweep)."""
 
 
+@dataclass
+class StoreConfig:
+    root: str = setting()  # a directory; on a cluster, on the filesystem every node shares
+
+
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
-    """Readers see the old file or the new one, never a part. `durable` also survives a power cut
-    (fsync); files rewritten soon anyway (progress, a job's start) and the results of jobs cheaper
-    to rerun than to sync (orchestrator.worker.DURABLE_AFTER_S) skip it."""
-    # Unique per writing thread, and cheaper than mkstemp's random names (thousands per sweep).
-    directory, name = os.path.split(os.fspath(path))  # strings: pathlib costs more than the write
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    try:
-        try:
-            fd = os.open(tmp, flags, 0o666)
-        except FileNotFoundError:  # the first file of its directory
-            os.makedirs(directory, exist_ok=True)
-            fd = os.open(tmp, flags, 0o666)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def write_json(path: Path, obj: Any, durable: bool = True) -> None:
-    """One line: `indent` would turn json's C encoder off (3x slower, three writes a job);
-    `jq . state.json` shows it indented."""
-    write_atomic(path, (json.dumps(obj, sort_keys=True) + "\n").encode(), durable)
-
-
-def write_yaml(path: Path, obj: Any) -> None:
-    write_atomic(path, yaml.safe_dump(obj, sort_keys=False).encode())
-
-
-def write_parquet(path: Path, df: pd.DataFrame) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def read_json(path: Path) -> Optional[dict]:
-    """None when missing; raises ValueError when unreadable (a truncated file)."""
-    try:
-        with open(path, "rb", buffering=0) as f:  # unbuffered: one read, no text layer
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    try:
-        return json.loads(data)
-    except ValueError as e:  # not JSON, or not even UTF-8
-        raise ValueError(f"{path}: unreadable JSON ({e})") from None
 
 
 class Store:
@@ -135,6 +79,10 @@ class Store:
             raise StoreError(
                 f"store {self.root} has format version {meta['format_version']}, newer than this "
                 f"code's {FORMAT_VERSION}; upgrade the orchestrator or use another store.root")
+
+    def format_version(self) -> int:
+        meta = read_json(self.root / "store.json")
+        return int(meta.get("format_version", 1)) if meta else FORMAT_VERSION
 
     def create(self) -> None:
         """Make the store writable (first real sweep); fails clearly without permission."""
@@ -163,10 +111,11 @@ class Store:
     def _checkpoints(self, run_id: str) -> list[str]:
         return sorted(glob.glob(os.path.join(glob.escape(self.run_file(run_id, "checkpoints")), "step_*.pt")))
 
-    def write_config(self, run_id: str, cfg: dict) -> None:
+    def write_config(self, run_id: str, cfg: Any) -> None:
+        """The run's resolved config (a typed config or its dict), once: it never changes."""
         path = self.run_file(run_id, "config.yaml")
         if not os.path.exists(path):
-            write_yaml(path, cfg)
+            write_yaml(path, dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg)
 
     def read_config(self, run_id: str) -> dict:
         return yaml.safe_load((self.run_dir(run_id) / "config.yaml").read_text())
@@ -200,7 +149,7 @@ class Store:
         state["status"] = run_status([state["jobs"].get(j, {}).get("status", PENDING) for j in jobs])
         state["error"] = next((state["jobs"][j].get("error") for j in jobs
                                if state["jobs"].get(j, {}).get("status") == FAILED), None)
-        write_json(self.run_file(run_id, "state.json"), state, durable)
+        write_json(self.run_file(run_id, "state.json"), state, durable=durable)
         return state
 
     def start_job(self, run_id: str, job: str, jobs: list[str], state: Optional[dict] = None,
@@ -214,9 +163,9 @@ class Store:
                                pid=os.getpid(), error=None, **fields)
 
     def end_job(self, run_id: str, job: str, jobs: list[str], error: Optional[str] = None,
-                durable: bool = True, state: Optional[dict] = None) -> dict:
+                durable: bool = True, state: Optional[dict] = None, **fields: Any) -> dict:
         return self.update_job(run_id, job, jobs, durable, state, status=FAILED if error else DONE,
-                               ended_at=now(), error=error)
+                               ended_at=now(), error=error, **fields)
 
     @contextlib.contextmanager
     def claim(self, run_id: str, wait: bool = True) -> Iterator[bool]:
@@ -251,16 +200,22 @@ class Store:
         except ValueError:
             return {}
 
-    def merge_metrics(self, run_id: str, metrics: dict, higher_is_better: dict,
-                      curves: Optional[dict] = None, durable: bool = True) -> dict:
-        """Add a job's results to the run's; returns the run's results as written."""
+    def merge_metrics(self, run_id: str, metrics: dict, specs: dict, curves: dict, curve_specs: dict,
+                      durable: bool = True) -> dict:
+        """Add a job's results (metric values and curves, each with the record of its spec) to
+        the run's; returns the run's results as written. `higher_is_better` repeats the specs'
+        directions for readers of format 1."""
         current = self.read_metrics(run_id)
         merged = {
             "metrics": {**current.get("metrics", {}), **metrics},
-            "higher_is_better": {**current.get("higher_is_better", {}), **higher_is_better},
-            "curves": {**current.get("curves", {}), **(curves or {})},
+            "higher_is_better": {**current.get("higher_is_better", {}),
+                                 **{name: spec["higher_is_better"] for name, spec in specs.items()
+                                    if spec.get("higher_is_better") is not None}},
+            "curves": {**current.get("curves", {}), **curves},
+            "specs": {**current.get("specs", {}), **specs},
+            "curve_specs": {**current.get("curve_specs", {}), **curve_specs},
         }
-        write_json(self.run_file(run_id, "metrics.json"), merged, durable)
+        write_json(self.run_file(run_id, "metrics.json"), merged, durable=durable)
         return merged
 
     # -- damage: found by parse checks and digests, repaired by rerunning -----------------------
@@ -368,7 +323,7 @@ class Store:
         return sweep
 
     def record_slurm_job(self, name: str, job: dict) -> dict:
-        """Append one submitted Slurm job of the sweep (id, kind, script; orchestrator/slurm.py)."""
+        """Append one submitted Slurm job of the sweep (id, kind, script; orchestrator/executors/slurm_tools.py)."""
         path = self.sweep_dir(name) / "sweep.yaml"
         sweep = yaml.safe_load(path.read_text())
         sweep.setdefault("slurm_jobs", []).append(job)

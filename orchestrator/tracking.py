@@ -17,13 +17,15 @@ import socket
 import sys
 import urllib.parse
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import pandas as pd
 
-from .identity import run_label
-from .store import Store, now
+from common.settings import require, setting
+from orchestrator.identity import run_label
+from orchestrator.store import Store, now
 
 WANDB_DIR = "wandb"  # under the store root; W&B's own run directories, staging files and logs
 TRAIN_KEYS = ("loss", "lr", "n_layers", "tokens", "flops", "tokens_per_s")  # trainer's reports
@@ -51,9 +53,34 @@ class TrackingWarning(UserWarning):
     """W&B trouble that tracking shrugged off."""
 
 
+@dataclass
+class TrackerConfig:
+    """Weights & Biases (conf/tracker/); not part of the run id."""
+    enabled: Optional[bool] = setting()       # null: on when the wandb package is importable
+    project: str = setting()
+    entity: Optional[str] = setting()
+    mode: Optional[str] = setting(choices=("offline", "online"))  # null: $WANDB_MODE if set, else offline
+    log_every: Optional[int] = setting(gt=0)  # steps between logged rows; null: train.log_every
+    init_timeout_s: float = setting(gt=0)
+    finish_timeout_s: float = setting(gt=0)
+    sweep: Optional[str] = setting(default=None)  # set by the sweep: W&B group <sweep>/<family>-<size>
+
+    def derive(self, run: Any) -> None:
+        if self.log_every is None:
+            self.log_every = run.train.log_every
+
+    def check(self, run: Any) -> None:
+        require(not (self.enabled and importlib.util.find_spec("wandb") is None),
+                "tracker.enabled=true: the wandb package is not installed; "
+                "`pip install wandb==0.31.0` or use tracker=none")
+        require(self.log_every % run.train.log_every == 0,
+                f"tracker.log_every={self.log_every}: must be a positive multiple of "
+                f"train.log_every={run.train.log_every} (the trainer reports every train.log_every steps)")
+
+
 def _warn(message: str) -> None:
     """A warning, also appended to <store>/wandb/warnings.log: Ray does not forward the jobs'
-    output to the console (scheduler: log_to_driver=False)."""
+    output to the console (executors/ray_driver.py: log_to_driver=False)."""
     warnings.warn(f"W&B: {message}", TrackingWarning, stacklevel=2)
     if _warnings_log is not None:
         with contextlib.suppress(OSError), open(_warnings_log, "a") as f:
@@ -78,11 +105,11 @@ def _guarded(fallback: Callable[[], Any]) -> Callable:
     return wrap
 
 
-def enabled(tracker: Mapping) -> bool:
+def enabled(tracker: TrackerConfig) -> bool:
     """`tracker.enabled`, where null means: whenever the wandb package is importable."""
-    if tracker["enabled"] is None:
+    if tracker.enabled is None:
         return importlib.util.find_spec("wandb") is not None
-    return bool(tracker["enabled"])
+    return bool(tracker.enabled)
 
 
 def is_secret(value: Any) -> bool:
@@ -180,7 +207,7 @@ def _keep_in(wandb_dir: Path) -> None:
             os.environ[var] = _dirs_set[var] = str(wandb_dir / sub)
 
 
-def _init(tracker: Mapping, root: Path, packages: bool = True, **run: Any) -> Any:
+def _init(tracker: TrackerConfig, root: Path, packages: bool = True, **run: Any) -> Any:
     """wandb.init under `root`/wandb with short timeouts; an online init that fails falls back to
     offline, any other failure gives None. W&B's system metadata (command line, host details,
     git state, environment), system metrics, code and console are not collected; the installed
@@ -195,17 +222,17 @@ def _init(tracker: Mapping, root: Path, packages: bool = True, **run: Any) -> An
         _warn(f"not installed ({_first_line(e)}); {run['name']} is not tracked")
         return None
     _keep_in(root / WANDB_DIR)
-    mode = tracker["mode"] or os.environ.get("WANDB_MODE") or "offline"
+    mode = tracker.mode or os.environ.get("WANDB_MODE") or "offline"
     online = mode in ("online", "run")
     if online and _base_url() in _online_failed:
         mode, online = "offline", False
-    settings = dict(init_timeout=tracker["init_timeout_s"],
-                    finish_timeout=tracker["finish_timeout_s"], silent=True, console="off",
+    settings = dict(init_timeout=tracker.init_timeout_s,
+                    finish_timeout=tracker.finish_timeout_s, silent=True, console="off",
                     save_code=False, disable_git=True, x_disable_meta=True, x_disable_stats=True,
                     x_save_requirements=packages)
     for attempt in [mode] + (["offline"] if online else []):
         try:
-            return wandb.init(project=tracker["project"], entity=tracker["entity"],
+            return wandb.init(project=tracker.project, entity=tracker.entity,
                               dir=str(root), mode=attempt, resume="allow",
                               settings=wandb.Settings(**settings), **run)
         except Exception as e:  # noqa: BLE001 - W&B may raise anything; tracking must not
@@ -218,35 +245,69 @@ def _init(tracker: Mapping, root: Path, packages: bool = True, **run: Any) -> An
     return None
 
 
+def _cell(cfg: Any) -> str:
+    return f"{cfg.family.name}-{cfg.model.name}"
+
+
+def _group(cfg: Any) -> str:
+    """W&B group: <sweep>/<family>-<size>, so seeds aggregate into one line per cell."""
+    return f"{cfg.tracker.sweep}/{_cell(cfg)}" if cfg.tracker.sweep else _cell(cfg)
+
+
+def _tags(cfg: Any) -> list[str]:
+    return [f"family={cfg.family.name}", f"size={cfg.model.name}", f"seed={cfg.seed}",
+            f"backend={cfg.backend.name}"]
+
+
 @_guarded(Tracker)
-def open_run(cfg: Mapping, run_id: str, job: str, store_root: str | Path) -> Tracker:
+def open_run(cfg: Any, run_id: str, job: str, store_root: str | Path) -> Tracker:
     """The W&B run of store run `run_id`, opened or resumed (id = run id) for `job`.
 
     One W&B run holds a training run and all its evaluations (job type `train`): its curves, its
     evaluation metrics and tables sit side by side, and a retried or resumed job continues it."""
-    t = cfg["tracker"]
+    t = cfg.tracker
     if not enabled(t):
         return Tracker()
-    family, size = cfg["family"]["name"], cfg["model"]["name"]
-    cell = f"{family}-{size}"
-    config = {**redact({k: v for k, v in cfg.items() if k != "tracker"}), "run_id": run_id}
+    plain = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "tracker"}
+    config = {**redact(plain), "run_id": run_id}
     # The packages once, with the training: the evaluations resume the same W&B run.
     run = _init(t, Path(store_root), packages=job == "train", id=run_id, name=run_label(cfg), job_type="train",
-                group=f"{t['sweep']}/{cell}" if t["sweep"] else cell, config=config,
-                tags=[f"family={family}", f"size={size}", f"seed={cfg['seed']}",
-                      f"backend={cfg['backend']['name']}"])
-    return Tracker(run, t["log_every"], train=job == "train")
+                group=_group(cfg), config=config, tags=_tags(cfg))
+    return Tracker(run, t.log_every, train=job == "train")
+
+
+@contextlib.contextmanager
+def job_environment(cfg: Any, run_id: str) -> Iterator[None]:
+    """W&B's variables for a job that starts its own tracked processes (a backend that launches
+    its ranks, such as nanotron, whose own W&B logging reads them), set while the job runs: its
+    runs group with this project's (<sweep>/<family>-<size>), offline unless asked otherwise."""
+    t = cfg.tracker
+    env = {}
+    if getattr(cfg.backend, "launches_ranks", False) and t.enabled is not False:
+        env = {"WANDB_PROJECT": t.project, "WANDB_RUN_ID": run_id, "WANDB_RESUME": "allow",
+               "WANDB_JOB_TYPE": "train", "WANDB_RUN_GROUP": _group(cfg), "WANDB_TAGS": ",".join(_tags(cfg)),
+               "WANDB_MODE": t.mode or "offline", **({"WANDB_ENTITY": t.entity} if t.entity else {})}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 # ---------------------------------------------------------------------------------------------
 # Sweeps
 
-def tag_sweep(configs: list[dict], name: str) -> None:
+def tag_sweep(configs: list, name: str) -> None:
     """Tell each run's jobs their sweep (the W&B group). Done after config.yaml is written, so a
     run shared by sweeps does not differ in config by the sweep that first wrote it; the run id
     ignores `tracker` anyway."""
     for c in configs:
-        c["tracker"]["sweep"] = name
+        c.tracker.sweep = name
 
 
 def _digest(text: str) -> str:
@@ -257,22 +318,12 @@ def _analysis_prefix(sweep: str) -> str:
     return f"sweep-{_digest(sweep)[:8]}-"
 
 
-def _sweep_tracker(store: Store, sweep: str) -> dict:
-    """The tracker section of the sweep's latest invocation (its recorded `tracker` overrides)."""
-    from .config import compose_run, hydra_session
-
-    overrides = [o for o in store.read_sweep(sweep).get("overrides", [])
-                 if re.split(r"[.=]", o.lstrip("+~"), maxsplit=1)[0] == "tracker"]
-    with hydra_session():
-        return compose_run(overrides)["tracker"]
-
-
 @_guarded(lambda: None)
-def log_sweep(store: Store, sweep: str, analysis: Any) -> Optional[str]:
+def log_sweep(store: Store, sweep: str, analysis: Any, t: TrackerConfig) -> Optional[str]:
     """The sweep's analysis run (job type `analysis`, group = the sweep): the cells and
-    comparisons tables and the report's plots. Its id is a digest of the tables, so a report
-    that did not change is not logged twice. Returns the W&B run id when something was logged."""
-    t = _sweep_tracker(store, sweep)
+    comparisons tables and the report's plots, with tracker settings `t` (the sweep's latest
+    invocation's). Its id is a digest of the tables, so a report that did not change is not
+    logged twice. Returns the W&B run id when something was logged."""
     if not enabled(t):
         return None
     tables = {"cells": analysis.cells, "comparisons": analysis.comparisons}

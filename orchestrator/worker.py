@@ -1,4 +1,5 @@
-"""What runs inside a Ray task: claim the run, execute one job from the registry, record it.
+"""What runs inside a Ray task (or a Slurm array task): claim the run, execute one job from the
+registry, record it.
 
 The job's outputs are written before its state says `done`, so `done` always means complete.
 A training job of one process runs inside the task (the fast path); one of several processes
@@ -12,40 +13,20 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
-import jobs
+from common.atomic import write_parquet
 from jobs import launch
-from jobs.registry import JobResult, Progress, get_job
+from jobs.config import job_dict
+from jobs.contract import JobResult, Progress
+from jobs.registry import get_job
+from orchestrator import tracking
+from orchestrator.identity import settings_digest
+from orchestrator.plan import bundle_of, jobs_of, processes_of, resources_of
+from orchestrator.store import DONE, Store
 
-from . import tracking
-from .config import procs_per_node
-from .store import DONE, Store, write_parquet
-
-PROJECT_ROOT = Path(jobs.__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DURABLE_AFTER_S = 1.0  # jobs that ran this long have their results fsync'ed
-
-
-def jobs_of(cfg: dict) -> list[str]:
-    """The job graph of a run: train, then each listed evaluation on the final checkpoint."""
-    return ["train", *cfg["eval"]["jobs"]]
-
-
-def resources_of(cfg: dict, job: str) -> dict:
-    """The resources section that sizes `job`: the size's for training, eval's for evaluations."""
-    return cfg["resources"] if job == "train" else cfg["eval"]["resources"]
-
-
-def processes_of(cfg: dict, job: str) -> tuple[int, int]:
-    """(nodes, processes per node) of a job; evaluations always run as one process."""
-    r = resources_of(cfg, job)
-    return (r["nodes"], procs_per_node(r)) if job == "train" else (1, 1)
-
-
-def bundle_of(cfg: dict, job: str) -> dict[str, float]:
-    """What the job needs on each of its nodes, in Ray's resource names."""
-    r = resources_of(cfg, job)
-    return {"CPU": r["cpus"], "GPU": r["gpus"], "memory": int(r["memory_gb"] * 2**30)}
 
 
 def _node_id() -> Optional[str]:
@@ -65,7 +46,7 @@ def _throttled(write: Callable[[dict], None], every_s: float = 0.5) -> Callable[
     return report
 
 
-def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
+def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: str,
             rendezvous: Optional[dict] = None) -> str:
     """Run `job` of run `run_id` unless it is already done; returns `done` or `cached`.
 
@@ -74,12 +55,12 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
     node_rank, master_addr, master_port and the nodes' Ray ids."""
     store, jobs = Store(store_root), jobs_of(cfg)
     if rendezvous and rendezvous["node_rank"] > 0:
-        _torchrun(job, cfg, store.run_dir(run_id), rendezvous, progress=None)
+        _multi_process(job, cfg, store.run_dir(run_id), run_id, rendezvous, progress=None)
         return DONE
     if processes_of(cfg, job) == (1, 1):
         import torch
 
-        torch.set_num_threads(resources_of(cfg, job)["cpus"])  # CPU results depend on the thread count
+        torch.set_num_threads(resources_of(cfg, job).cpus)  # CPU results depend on the thread count
     with store.claim(run_id):
         # Damaged files (store.problems) are moved aside and their jobs redone. Only this
         # process writes the state until the claim ends, so it is kept, not read again.
@@ -94,20 +75,21 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
         progress = tracker.progress(
             _throttled(lambda p: store.write_progress(run_id, {"job": job, **p})))
         started = time.monotonic()
+        spec = get_job(job)
         try:
-            if processes_of(cfg, job) == (1, 1):
-                result = get_job(job)(cfg, run_dir, progress)
+            if processes_of(cfg, job) == (1, 1) and not (job == "train" and cfg.backend.launches_ranks):
+                result = spec.fn(cfg, run_dir, progress)
             else:
-                result = _torchrun(job, cfg, run_dir, rendezvous, progress)
+                result = _multi_process(job, cfg, run_dir, run_id, rendezvous, progress)
+            specs, curve_specs = spec.specs_of(result)
             # A job shorter than a second is cheaper to redo after a power cut than two fsyncs
             # (a lost write reads as a stale or unreadable file, and the job reruns).
             durable = time.monotonic() - started >= DURABLE_AFTER_S
-            metrics = store.merge_metrics(run_id, result.metrics, result.higher_is_better,
-                                          result.curves, durable)
+            metrics = store.merge_metrics(run_id, result.metrics, specs, result.curves, curve_specs, durable)
             if result.items is not None:
-                write_parquet(run_dir / "items" / f"{job}.parquet", result.items)
+                write_parquet(run_dir / "items" / f"{job}.parquet", result.items, durable=durable)
             if result.history is not None:
-                write_parquet(run_dir / "history.parquet", result.history)
+                write_parquet(run_dir / "history.parquet", result.history, durable=durable)
         except BaseException as e:
             last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
             where = f" at {last.filename.rsplit('/', 1)[-1]}:{last.lineno}" if last else ""
@@ -115,20 +97,23 @@ def execute(job: str, run_id: str, store_root: str, cfg: dict, *after: str,
             tracker.finish(failed=True)
             raise
         tracker.record(metrics)
-        store.end_job(run_id, job, jobs, durable=durable, state=state)
+        store.end_job(run_id, job, jobs, durable=durable, state=state,
+                      **({"settings": digest} if (digest := settings_digest(cfg, job)) else {}))
         tracker.finish()
     return DONE
 
 
-def _torchrun(job: str, cfg: dict, run_dir: Path, rendezvous: Optional[dict],
-              progress: Optional[Progress]) -> Optional[JobResult]:
-    """This node's share of a multi-process job; node rank 0 returns the job's result."""
-    if job == "train" and cfg["backend"]["name"] == "nanotron":  # runs torchrun per stage itself
-        from jobs.nanotron.train import train_job
-        return train_job(cfg, run_dir, progress, rendezvous)
-    nodes, per_node = processes_of(cfg, job)
+def _multi_process(job: str, cfg: Any, run_dir: Path, run_id: str, rendezvous: Optional[dict],
+                   progress: Optional[Progress]) -> Optional[JobResult]:
+    """This node's share of a job of several processes; node rank 0 returns the job's result.
+    A backend that launches its own ranks (nanotron) is handed the rendezvous; otherwise every
+    rank runs the job under torchrun (`python -m jobs.rank`)."""
     rdv = rendezvous or {"node_rank": 0, "master_addr": "127.0.0.1", "master_port": launch.free_port()}
-    threads = max(1, int(resources_of(cfg, job)["cpus"]) // per_node)
+    if job == "train" and cfg.backend.launches_ranks:
+        with tracking.job_environment(cfg, run_id):
+            return cfg.backend.train(cfg, run_dir, progress, rdv)
+    nodes, per_node = processes_of(cfg, job)
+    threads = max(1, resources_of(cfg, job).cpus // per_node)
 
     def relay(line: str) -> None:
         record = launch.parse_progress(line)
@@ -137,9 +122,9 @@ def _torchrun(job: str, cfg: dict, run_dir: Path, rendezvous: Optional[dict],
 
     with tempfile.TemporaryDirectory(prefix=f"launch-{job}-") as tmp:
         config, result = Path(tmp) / "config.json", Path(tmp) / "result.json"
-        config.write_text(json.dumps(cfg))
+        config.write_text(json.dumps(job_dict(cfg)))
         launch.run_torchrun(
-            ["-m", "jobs.launch", "--job", job, "--config", str(config), "--run-dir", str(run_dir),
+            ["-m", "jobs.rank", "--job", job, "--config", str(config), "--run-dir", str(run_dir),
              "--result", str(result), "--threads", str(threads)],
             nproc_per_node=per_node, nnodes=nodes, node_rank=rdv["node_rank"],
             master_addr=rdv["master_addr"], master_port=rdv["master_port"],
@@ -154,7 +139,7 @@ def _rendezvous_point() -> dict:
     return {"master_addr": ray.util.get_node_ip_address(), "master_port": launch.free_port()}
 
 
-def execute_nodes(job: str, run_id: str, store_root: str, cfg: dict, *after: str) -> str:
+def execute_nodes(job: str, run_id: str, store_root: str, cfg: Any, *after: str) -> str:
     """A multi-node job: a STRICT_SPREAD placement group of one bundle per node, one `execute`
     task per bundle with torchrun's rendezvous at bundle 0; the group is removed afterwards.
 

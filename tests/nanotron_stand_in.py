@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from jobs.model import Decoder
+from jobs.model import Decoder, ModelConfig
 from jobs.nanotron import bridge
 
 
@@ -26,11 +26,12 @@ def main() -> int:
     assert os.environ["LOCAL_WORLD_SIZE"] == "1"  # the tests run one process
     assert os.environ.get("WANDB_RUN_GROUP", "") == "", "tracker=none: no W&B variables"
     mc, ck, total = doc["model"]["model_config"], doc["checkpoints"], doc["tokens"]["train_steps"]
-    model_cfg = {"d_model": mc["hidden_size"], "n_heads": mc["num_attention_heads"],
-                 "n_kv_heads": mc["num_key_value_heads"], "d_ff": mc["intermediate_size"],
-                 "vocab_size": mc["vocab_size"], "norm_eps": mc["rms_norm_eps"], "init_std": 0.02,
-                 "max_seq_len": mc["max_position_embeddings"], "rope_theta": mc["rope_theta"],
-                 "tie_embeddings": mc["tie_word_embeddings"]}
+    model_cfg = ModelConfig(name="stand-in", d_model=mc["hidden_size"], n_layers=mc["num_hidden_layers"],
+                            n_heads=mc["num_attention_heads"], n_kv_heads=mc["num_key_value_heads"],
+                            d_ff=mc["intermediate_size"], vocab_size=mc["vocab_size"],
+                            max_seq_len=mc["max_position_embeddings"], rope_theta=mc["rope_theta"],
+                            norm_eps=mc["rms_norm_eps"], init_std=0.02, block_size=1,
+                            tie_embeddings=mc["tie_word_embeddings"])
     step = 0
     if ck["resume_checkpoint_path"]:
         root = Path(ck["resume_checkpoint_path"])

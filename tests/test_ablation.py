@@ -6,12 +6,14 @@ import torch
 
 from jobs.data.fewshot import SEP, TASKS, suite, token_f1
 from jobs.evals.ablation import head_count, score
+from jobs.families import build_model
 from jobs.interp import head_means, on_head_outputs, replace_heads
-from jobs.model import Decoder
+from jobs.model import Decoder, ModelConfig
 from orchestrator.config import ConfigError, compose_run, hydra_session
 
-MODEL = {"d_model": 16, "n_heads": 4, "n_kv_heads": 2, "d_ff": 32, "vocab_size": 20, "max_seq_len": 40,
-         "rope_theta": 10000.0, "norm_eps": 1e-5, "init_std": 0.3, "tie_embeddings": True}
+MODEL = ModelConfig(name="test", d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=32, vocab_size=20,
+                    max_seq_len=40, rope_theta=10000.0, norm_eps=1e-5, init_std=0.3, block_size=1,
+                    tie_embeddings=True)
 
 
 def _forward_without_attention_at(model: Decoder, tokens: torch.Tensor, skipped: int) -> torch.Tensor:
@@ -90,9 +92,8 @@ def micro_cfg():
 
 
 def test_ablation_metrics_match_their_items_and_repeat(micro_cfg):
-    from jobs.families import build_model
     torch.manual_seed(0)
-    model = build_model(micro_cfg).eval()
+    model = build_model(micro_cfg.family, micro_cfg.model).eval()
     with torch.no_grad():  # an untrained model barely uses attention: make it matter
         for layer in model.layers:
             layer.attn.o_proj.weight.mul_(20)

@@ -9,35 +9,56 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import cell_keys, compare, load, load_items, load_runs, summarize
+from analysis import analyse, cell_keys, compare, load, load_items, load_runs, load_specs, summarize, write_report
+from analysis.load import load_data_kinds, load_paper_flops
+from common.metrics import MetricSpec
+from jobs.evals import EVALUATIONS
+from jobs.registry import TRAIN
 
-HIGHER_IS_BETTER = {"regbench_tvd": False, "regbench_acc": True, "ngram1_tvd": False, "ngram2_tvd": False,
-                    "ngram3_tvd": False, "train_flops": False}
+# What the real jobs declare about their metrics and curves, as their runs store it in metrics.json.
+JOBS = (TRAIN, *(EVALUATIONS[name] for name in EVALUATIONS.names()))
+METRIC_SPECS = {name: spec for job in JOBS for name, spec in job.metrics.items()}
+CURVE_SPECS = {name: spec for job in JOBS for name, spec in job.curves.items()}
+CURVES = {"tvd_by_context": {"n_context_strings": [1, 2], "regbench_tvd": [0.5, 0.4]}}
 
 
-def new_store(root: Path) -> Path:
+def new_store(root: Path, version: int = 2) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    (root / "store.json").write_text(json.dumps({"format_version": 1}))
+    (root / "store.json").write_text(json.dumps({"format_version": version}))
     return root
+
+
+def metrics_record(root: Path, metrics: dict, curves: dict) -> dict:
+    """metrics.json as the worker writes it (orchestrator/store.py merge_metrics): format 2 with the
+    specs the jobs declare for what the run recorded; format 1 without specs."""
+    record = {"metrics": metrics,
+              "higher_is_better": {m: METRIC_SPECS[m].higher_is_better for m in metrics
+                                   if METRIC_SPECS[m].higher_is_better is not None},
+              "curves": curves}
+    if json.loads((root / "store.json").read_text())["format_version"] >= 2:
+        record |= {"specs": {m: METRIC_SPECS[m].to_record() for m in metrics},
+                   "curve_specs": {c: CURVE_SPECS[c].to_record() for c in curves}}
+    return record
 
 
 def write_run(root: Path, run_id: str, family: str, size: str, seed: int, metrics: dict | None = None,
               status: str = "done", error: str | None = None, config: dict | None = None,
-              items: pd.DataFrame | None = None) -> None:
-    """One run directory; `metrics` is written only for done runs, as the orchestrator does."""
+              items: pd.DataFrame | None = None, curves: dict | None = None) -> None:
+    """One run directory; `metrics` (and `curves`, by default a short tvd_by_context) are written
+    only for done runs, as the orchestrator does."""
     run_dir = root / "runs" / run_id
     run_dir.mkdir(parents=True)
     layers = {"dense": 4, "lidas": 4, "looped": 2}.get(family, 4)
     resolved = {"seed": seed, "family": {"name": family}, "model": {"name": size, "n_layers": layers},
-                "data": {"name": "regbench"}, "train": {"lr": 1e-3, "steps": 100, "betas": [0.9, 0.95]}}
+                "data": {"name": "regbench", "kind": "regbench"},
+                "train": {"lr": 1e-3, "steps": 100, "betas": [0.9, 0.95]}}
     for section, values in (config or {}).items():
         resolved.setdefault(section, {}).update(values)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved))
     (run_dir / "state.json").write_text(json.dumps({"status": status, "error": error, "attempts": 1}))
     if status == "done":
-        (run_dir / "metrics.json").write_text(json.dumps({
-            "metrics": metrics, "higher_is_better": {m: HIGHER_IS_BETTER[m] for m in metrics},
-            "curves": {"tvd_by_context": {"n_context_strings": [1, 2], "regbench_tvd": [0.5, 0.4]}}}))
+        record = metrics_record(root, metrics, CURVES if curves is None else curves)
+        (run_dir / "metrics.json").write_text(json.dumps(record))
     if items is not None:
         (run_dir / "items").mkdir()
         items.to_parquet(run_dir / "items" / "regbench.parquet", index=False)
@@ -156,7 +177,7 @@ def test_errors_name_the_problem(store, tmp_path):
         load(store, "nope")
     with pytest.raises(FileNotFoundError, match="store.json"):
         load(tmp_path / "empty")
-    (store / "store.json").write_text(json.dumps({"format_version": 2}))
+    (store / "store.json").write_text(json.dumps({"format_version": 3}))
     with pytest.raises(ValueError, match="format_version"):
         load_runs(store)
 
@@ -166,3 +187,59 @@ def test_analysis_reads_only_the_store():
     code = ("import sys, analysis; "
             "assert not {m.split('.')[0] for m in sys.modules} & {'orchestrator', 'jobs'}, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+def test_specs_are_the_ones_the_jobs_declared(store):
+    metric_specs, curve_specs = load_specs(store, "a")
+    assert metric_specs == {"regbench_tvd": EVALUATIONS["regbench"].metrics["regbench_tvd"],
+                            "train_flops": TRAIN.metrics["train_flops"]}
+    assert curve_specs == {"tvd_by_context": EVALUATIONS["regbench"].curves["tvd_by_context"]}
+    assert load_data_kinds(store, "a") == {"regbench"}
+
+
+def test_reference_metrics_have_no_direction_and_are_never_compared(tmp_path):
+    root = new_store(tmp_path / "store")
+    for family in ("dense", "lidas"):
+        for seed in (0, 1, 2):
+            write_run(root, f"{family}{seed}", family, "tiny", seed,
+                      {"regbench_tvd": 0.3 - seed / 100, "ngram1_tvd": 0.42 + (family == "lidas") / 10})
+    df = load(root)
+    directions = df.drop_duplicates("metric").set_index("metric")["higher_is_better"]
+    assert pd.notna(directions["regbench_tvd"]) and not directions["regbench_tvd"]
+    assert pd.isna(directions["ngram1_tvd"])  # a reference estimator: never compared
+    assert set(compare(df)["metric"]) == {"regbench_tvd"}
+
+
+def test_paper_flops_are_read_from_the_sweep(store):
+    assert load_paper_flops(store, "a").empty
+    assert list(load_paper_flops(store, "a").columns) == ["size", "layers", "block", "steps", "ratio"]
+    table = [{"block": 4, "layers": 36, "ratio": 0.7267, "size": "3b", "steps": 190000}]
+    (store / "sweeps" / "a" / "paper_flops.json").write_text(json.dumps(table))
+    paper = load_paper_flops(store, "a")
+    assert paper.to_dict("records") == [{"size": "3b", "layers": 36, "block": 4, "steps": 190000, "ratio": 0.7267}]
+
+
+def test_a_format_1_store_loads_without_specs(tmp_path):
+    """A store written before metrics.json had specs: labels are the metric names, directions come
+    from higher_is_better, nothing is confirmatory, and the report is still written."""
+    root = new_store(tmp_path / "store", version=1)
+    run_ids = []
+    for family in ("dense", "lidas"):
+        for seed in (0, 1, 2):
+            run_ids.append(f"{family}{seed}")
+            write_run(root, run_ids[-1], family, "tiny", seed,
+                      {"regbench_tvd": 0.3 - seed / 100, "ngram1_tvd": 0.42, "train_flops": 1e12})
+    write_sweep(root, "old", run_ids, "2025-01-01T00:00:00", [])
+    recorded = json.loads((root / "runs" / "dense0" / "metrics.json").read_text())
+    assert "specs" not in recorded and "curve_specs" not in recorded
+    metric_specs, curve_specs = load_specs(root, "old")
+    assert metric_specs == {"ngram1_tvd": MetricSpec("ngram1_tvd", False),
+                            "regbench_tvd": MetricSpec("regbench_tvd", False)}
+    assert curve_specs == {}
+    analysis = analyse(root, "old")
+    assert [analysis.label(m) for m in ("regbench_tvd", "train_flops")] == ["regbench_tvd", "train_flops"]
+    assert analysis.options.primary_metrics == ()
+    assert set(analysis.comparisons["metric"]) == {"regbench_tvd"}
+    assert set(analysis.comparisons["correction"]) == {"fdr_bh"}
+    report = write_report(root, "old").read_text()
+    assert "### regbench_tvd (`regbench_tvd`, lower is better)" in report

@@ -61,7 +61,7 @@ def test_micro_sweep_on_an_existing_cluster_with_the_project_shipped(head, tmp_p
     state = (run / "state.json").read_text()
     assert '"status": "done"' in state and "regbench" in state
     assert (store / "sweeps" / "onray" / "report.md").exists()
-    shipped = list(temp.glob("session_*/runtime_resources/working_dir_files/*/orchestrator/scheduler.py"))
+    shipped = list(temp.glob("session_*/runtime_resources/working_dir_files/*/orchestrator/executors/ray_driver.py"))
     assert shipped, "the project was not shipped with the runtime_env"
     assert not list(temp.glob("session_*/runtime_resources/working_dir_files/*/.venv"))
 

@@ -15,19 +15,21 @@ import torch
 
 from jobs import launch
 from jobs.checkpoint import checkpoint_paths
-from jobs.registry import JobResult, train_job
+from jobs.config import job_dict
+from jobs.contract import JobResult
+from jobs.registry import train as train_job
 from orchestrator.config import ConfigError, compose_run, hydra_session
 
 
-def micro(*overrides: str) -> dict:
+def micro(*overrides: str):
     with hydra_session():
         return compose_run(["size=micro", "family=lidas", "tracker=none", *overrides])
 
 
-def ddp_train(cfg: dict, tmp: Path, run_dir: Path, nproc: int = 2) -> JobResult:
-    (tmp / "cfg.json").write_text(json.dumps(cfg))
+def ddp_train(cfg, tmp: Path, run_dir: Path, nproc: int = 2) -> JobResult:
+    (tmp / "cfg.json").write_text(json.dumps(job_dict(cfg)))
     result = tmp / "result.json"
-    launch.run_torchrun(["-m", "jobs.launch", "--job", "train", "--config", str(tmp / "cfg.json"),
+    launch.run_torchrun(["-m", "jobs.rank", "--job", "train", "--config", str(tmp / "cfg.json"),
                          "--run-dir", str(run_dir), "--result", str(result)], nproc_per_node=nproc)
     return launch.load_result(result)
 
@@ -55,7 +57,7 @@ def test_two_process_ddp_matches_one_process_on_the_same_global_batch(runs):
     np.testing.assert_allclose(b, a, rtol=1e-4)
     assert ddp.metrics["train_tokens"] == single.metrics["train_tokens"]  # global tokens counted
     assert ddp.metrics["train_flops"] == single.metrics["train_flops"]
-    assert ddp.metrics["final_layers"] == single.metrics["final_layers"] == cfg["model"]["n_layers"]
+    assert ddp.metrics["final_layers"] == single.metrics["final_layers"] == cfg.model.n_layers
 
 
 def test_ddp_resume_from_a_checkpoint_is_bit_identical(runs, tmp_path):
@@ -115,7 +117,7 @@ def test_batch_size_must_divide_over_the_processes():
         micro("resources.nodes=3")
     with pytest.raises(ConfigError, match="resources.gpus=1.5"):
         micro("resources.gpus=1.5")
-    assert micro("resources.nodes=2", "resources.gpus=2")["resources"]["nodes"] == 2
+    assert micro("resources.nodes=2", "resources.gpus=2").resources.nodes == 2
 
 
 SLEEPER = """import os, sys, time

@@ -1,5 +1,5 @@
 """Multi-node jobs and packing on a real Ray cluster of two local 'nodes' with fake GPUs
-(`ray.cluster_utils.Cluster`), through the scheduler's own path; and refusals at planning."""
+(`ray.cluster_utils.Cluster`), through the local executor's own path; and refusals at planning."""
 import io
 import json
 
@@ -11,15 +11,15 @@ import torch
 from ray.cluster_utils import Cluster
 from rich.console import Console
 
-from jobs.registry import train_job
-from orchestrator import scheduler
+from jobs.registry import train as train_job
 from orchestrator.config import ConfigError, compose_run, hydra_session
+from orchestrator.plan import check_fit, plan
 from orchestrator.store import Store
 
 NODE = dict(num_cpus=2, num_gpus=2, memory=4 * 2**30, object_store_memory=80 * 2**20)
 
 
-def configs(*overrides: str) -> list[dict]:
+def configs(*overrides: str) -> list:
     with hydra_session():
         return [compose_run(["size=micro", "tracker=none", "eval.jobs=[]", *overrides])]
 
@@ -34,10 +34,11 @@ def cluster():
     c.shutdown()
 
 
-def run(cfgs: list[dict], store: Store) -> dict:
+def run(cfgs: list, store: Store) -> dict:
+    """Through the local executor's own path, on the test's Ray session."""
     store.create()
-    runs = scheduler.plan(cfgs, store)
-    return scheduler.run(runs, store, cfgs[0]["cluster"], Console(file=io.StringIO()))
+    runs = plan(cfgs, store)
+    return cfgs[0].cluster.executor().run(runs, "t", [], store, Console(file=io.StringIO())).statuses
 
 
 def test_two_node_job_uses_a_placement_group_and_torchrun_per_node(cluster, tmp_path):
@@ -81,10 +82,10 @@ def test_a_job_no_node_can_hold_is_refused_at_planning(cluster, tmp_path):
 
 def test_check_fit_counts_distinct_nodes_and_memory():
     [cfg] = configs("resources.nodes=2", "resources.gpus=4", "resources.memory_gb=8")
-    planned = scheduler.plan([cfg], Store("/nonexistent"))
+    planned = plan([cfg], Store("/nonexistent"))
     big = {"CPU": 8, "GPU": 4, "memory": 16 * 2**30}
-    scheduler.check_fit(planned, [big, big])
+    check_fit(planned, [big, big])
     with pytest.raises(ConfigError, match="only 1 of the cluster's 2 nodes"):
-        scheduler.check_fit(planned, [big, {**big, "memory": 4 * 2**30}])
+        check_fit(planned, [big, {**big, "memory": 4 * 2**30}])
     with pytest.raises(ConfigError, match="only 1 of the cluster's 1 nodes"):
-        scheduler.check_fit(planned, [{"CPU": 64, "GPU": 8, "memory": 2**40}])
+        check_fit(planned, [{"CPU": 64, "GPU": 8, "memory": 2**40}])

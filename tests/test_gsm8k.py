@@ -1,23 +1,25 @@
 """Text path: byte tokenizer, KV-cache decoding, stop strings, GSM8K prompt and answer
 extraction in the harness's format, the arith generator and its training stream, config checks."""
+import copy
+import dataclasses
 import importlib.util
 import re
 
 import pandas as pd
 import pytest
 import torch
+from test_model import build as build_model
 from test_model import micro_cfg, trained_lidas
 
 from jobs import tokenizer
 from jobs.data import arith, gsm8k
-from jobs.evals.gsm8k import evaluate, exact_match, extract_flexible, extract_strict, prompt_text
-from jobs.families import build_model
+from jobs.evals.gsm8k import Gsm8kSettings, evaluate, exact_match, extract_flexible, extract_strict, prompt_text
 from jobs.generate import greedy
-from jobs.registry import catalog
 from orchestrator.config import ConfigError, compose_run, hydra_session
 
-DATA = {"seed": 5, "seq_len": 512, "arith": {"max_number": 9, "two_step": 0.3, "train_problems": 300,
-                                              "test_problems": 50}}
+DATA = arith.ArithDataConfig(name="arith", kind="arith", vocab_size=tokenizer.VOCAB_SIZE, seed=5, seq_len=512,
+                             arith=arith.ArithSettings(max_number=9, two_step=0.3, train_problems=300,
+                                                       test_problems=50))
 
 
 def test_byte_tokenizer_round_trips_and_drops_specials():
@@ -147,7 +149,7 @@ def test_prompt_text_is_the_harness_format():
 def test_exact_match_on_scripted_generations_and_items():
     test = [{"question": f"q{i}", "answer": f"#### {answer}"} for i, answer in enumerate([7, 8, 7, 70])]
     train = [{"question": f"t{i}", "answer": f"#### {i}"} for i in range(10)]
-    settings = {"n_shots": 3, "shot_seed": 0, "limit": None, "max_new_tokens": 30}
+    settings = Gsm8kSettings(n_shots=3, shot_seed=0, limit=None, max_new_tokens=30, path=None)
     result = evaluate(Scripted(" 3 + 4 = 7\n#### 7\n\n"), {"train": train, "test": test}, settings)
     assert result.metrics["gsm8k_em_strict"] == 0.5 and result.metrics["gsm8k_em_flexible"] == 0.5
     items = result.items
@@ -159,12 +161,12 @@ def test_exact_match_on_scripted_generations_and_items():
     pd.testing.assert_frame_equal(items, evaluate(Scripted(" 3 + 4 = 7\n#### 7\n\n"),
                                                   {"train": train, "test": test}, settings).items)
     with pytest.raises(ValueError, match="n_shots=11"):
-        evaluate(Scripted(" 7"), {"train": train, "test": test}, {**settings, "n_shots": 11})
+        evaluate(Scripted(" 7"), {"train": train, "test": test}, dataclasses.replace(settings, n_shots=11))
 
 
 def test_a_prompt_longer_than_the_context_is_cut_from_the_left():
     train = [{"question": "x" * 50, "answer": "#### 1"}] * 8
-    settings = {"n_shots": 8, "shot_seed": 0, "limit": 1, "max_new_tokens": 10}
+    settings = Gsm8kSettings(n_shots=8, shot_seed=0, limit=1, max_new_tokens=10, path=None)
     result = evaluate(Scripted(" 1\n\n", max_seq_len=100), {"train": train, "test": train}, settings)
     item = result.items.iloc[0]
     assert item["truncated"] and item["prompt_tokens"] == 90 and result.metrics["gsm8k_truncated"] == 1.0
@@ -177,8 +179,8 @@ CALC = re.compile(r"<<(\d+)([+-])(\d+)=(\d+)>>")
 
 def test_arith_splits_are_deterministic_disjoint_and_correct(tmp_path):
     splits = arith.splits(DATA)
-    assert splits == arith.splits(dict(DATA))
-    assert splits != arith.splits({**DATA, "seed": 6})
+    assert splits == arith.splits(copy.deepcopy(DATA))
+    assert splits != arith.splits(dataclasses.replace(DATA, seed=6))
     assert len(splits["train"]) == 300 and len(splits["test"]) == 50
     assert not {p["question"] for p in splits["train"]} & {p["question"] for p in splits["test"]}
     for p in splits["train"] + splits["test"]:
@@ -212,16 +214,16 @@ def test_arith_stream_is_a_pure_function_of_step_and_looks_like_prompts():
 
 # --- config ------------------------------------------------------------------------------------
 
-def compose(*overrides: str) -> dict:
+def compose(*overrides: str):
     with hydra_session():
-        return compose_run(["tracker=none", *overrides], catalog())
+        return compose_run(["tracker=none", *overrides])
 
 
 def test_data_arith_config_and_its_refusals(tmp_path):
     cfg = compose("data=arith")
-    assert cfg["data"]["kind"] == "arith" and cfg["eval"]["jobs"] == ["gsm8k"]
-    assert cfg["model"]["vocab_size"] == tokenizer.VOCAB_SIZE and cfg["data"]["seq_len"] == 1152
-    assert compose()["data"]["arith"] is None  # regbench configs carry no arith section
+    assert cfg.data.kind == "arith" and cfg.eval.jobs == ["gsm8k"]
+    assert cfg.model.vocab_size == tokenizer.VOCAB_SIZE and cfg.data.seq_len == 1152
+    assert not hasattr(compose().data, "arith")  # regbench configs carry no arith section
     with pytest.raises(ConfigError, match=r"^eval.jobs: gsm8k needs data.kind=arith"):
         compose("eval.jobs=[gsm8k]")
     with pytest.raises(ConfigError, match=r"^eval.jobs: regbench needs data.kind=regbench"):
@@ -233,8 +235,8 @@ def test_data_arith_config_and_its_refusals(tmp_path):
     assert importlib.util.find_spec("datasets") is None  # not a dependency: hub is refused here
     with pytest.raises(ConfigError, match=r"^eval.gsm8k.path=hub: reading openai/gsm8k needs the `datasets`"):
         compose("data=arith", "eval.gsm8k.path=hub")
-    with pytest.raises(ConfigError, match=r"^data.kind=text: not allowed"):
+    with pytest.raises(ConfigError, match=r"^data.kind=text: no such data kind"):
         compose("data.kind=text")
-    arith.write_fixture(compose("data=arith")["data"], tmp_path)
-    assert compose("data=arith", f"eval.gsm8k.path='{tmp_path}/{{split}}.jsonl'")["eval"]["gsm8k"]["path"] \
+    arith.write_fixture(compose("data=arith").data, tmp_path)
+    assert compose("data=arith", f"eval.gsm8k.path='{tmp_path}/{{split}}.jsonl'").eval.gsm8k.path \
         == f"{tmp_path}/{{split}}.jsonl"

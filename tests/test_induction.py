@@ -1,16 +1,20 @@
 """Induction scores on hand-built patterns, hooked patterns against the model's own attention,
 and the ancestry concentration test against hand-counted values."""
+import dataclasses
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from jobs.evals.induction import concentration, concentration_test, head_table, repeated_sequences, score
+from jobs.evals.induction import (InductionSettings, concentration, concentration_test, head_table,
+                                  repeated_sequences, score)
 from jobs.interp import attention_patterns, induction_scores, induction_targets
-from jobs.model import Decoder, apply_rope
+from jobs.model import Decoder, ModelConfig, apply_rope
 
-MODEL = {"d_model": 16, "n_heads": 4, "n_kv_heads": 2, "d_ff": 32, "vocab_size": 20, "max_seq_len": 32,
-         "rope_theta": 10000.0, "norm_eps": 1e-5, "init_std": 0.3, "tie_embeddings": True}
+MODEL = ModelConfig(name="test", d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=32, vocab_size=20,
+                    max_seq_len=32, rope_theta=10000.0, norm_eps=1e-5, init_std=0.3, block_size=1,
+                    tie_embeddings=True)
 
 
 def test_planted_induction_head_scores_one_and_uniform_head_its_known_value():
@@ -56,14 +60,15 @@ def test_concentration_counts_and_exact_p_value():
 def test_score_metrics_only_for_lidas_and_deterministic():
     torch.manual_seed(0)
     model = Decoder(MODEL, 4, [0, 1, 2, 3], ancestors=[0, 1, 0, 1]).eval()
-    cfg = {"seed": 0, "family": {"name": "lidas"},
-           "eval": {"induction": {"sequences": 8, "length": 6, "top_k": 4, "ancestors_m": 2}}}
+    cfg = SimpleNamespace(seed=0, eval=SimpleNamespace(induction=InductionSettings(
+        sequences=8, length=6, top_k=4, ancestors_m=2)))
     first, second = score(model, cfg), score(model, cfg)
     assert first.metrics == second.metrics
     assert 0 <= first.metrics["ancestry_p"] <= 1 and first.metrics["ancestry_top_in_best"] >= 2
     assert first.metrics["induction_max"] >= first.metrics["induction_topk_mean"] >= first.metrics["induction_mean"]
     assert len(first.curves["induction_heads"]["score"]) == 16
-    dense = score(model, cfg | {"family": {"name": "dense"}})
+    assert first.curves["induction_heads"]["label"][-1] == "L3.H3 (from L1)"  # a grown network's heads
+    dense = score(Decoder(MODEL, 4, [0, 1, 2, 3]).eval(), cfg)  # nothing grew: no ancestry statistic
     assert "ancestry_p" not in dense.metrics
 
 
@@ -73,7 +78,7 @@ def _planted_model() -> Decoder:
     into its own residual subspace; layer 1 head 0 queries with the current token's code against
     that subspace on the lowest-frequency pairs (RoPE barely rotates them), so it attends to the
     token after an earlier occurrence: an induction head. Every other head and MLP is zero."""
-    cfg = MODEL | {"d_model": 64, "n_heads": 2, "n_kv_heads": 2, "max_seq_len": 32}
+    cfg = dataclasses.replace(MODEL, d_model=64, n_heads=2, n_kv_heads=2, max_seq_len=32)
     model = Decoder(cfg, 2, [0, 1]).eval()
     with torch.no_grad():
         for parameter in model.parameters():

@@ -1,38 +1,58 @@
 """Decoder, layer plans, stage schedule, growth operator and FLOP accounting."""
 
 import copy
+import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from jobs.families import Stage, build_model, build_optimizer, grow, layer_plan, stage_schedule
-from jobs.flops import flops_per_token, lidas_flop_ratio, schedule_flops
-from jobs.model import Decoder
+from jobs.backends.torch import TorchBackendConfig
+from jobs.families import Stage, build_model
+from jobs.families.dense import DenseConfig
+from jobs.families.lidas import GrowthConfig, LidasConfig
+from jobs.families.looped import LoopConfig, LoopedConfig
+from jobs.flops import flop_ratio, flops_per_token, schedule_flops
+from jobs.model import Decoder, ModelConfig
+from jobs.optim import TrainConfig, build_optimizer
+from jobs.resources import TrainResources
 
 
-def micro_cfg(family: str = "dense", steps: int = 30, **growth) -> dict:
-    """A resolved run config small enough to train in well under a second."""
+def micro_cfg(family: str = "dense", steps: int = 30, **growth) -> SimpleNamespace:
+    """The sections of a run config these tests need, small enough to train in well under a second."""
     families = {
-        "dense": {"name": "dense", "growth": None, "loop": None},
-        "looped": {"name": "looped", "growth": None,
-                   "loop": {"prelude_layers": 1, "block_layers": 2, "loops": 2, "coda_layers": 1}},
-        "lidas": {"name": "lidas", "loop": None,
-                  "growth": {"block_layers": 2, "initial_blocks": 1, "alpha": 1.0,
-                             "optimizer_state": "copy", **growth}},
+        "dense": lambda: DenseConfig(name="dense"),
+        "looped": lambda: LoopedConfig(name="looped", loop=LoopConfig(prelude_layers=1, block_layers=2, loops=2,
+                                                                      coda_layers=1)),
+        "lidas": lambda: LidasConfig(name="lidas", growth=GrowthConfig(**{
+            "block_layers": 2, "initial_blocks": 1, "alpha": 1.0, "optimizer_state": "copy", **growth})),
     }
-    return {
-        "seed": 0,
-        "family": families[family],
-        "model": {"name": "micro", "d_model": 32, "n_layers": 6, "n_heads": 4, "n_kv_heads": 2, "d_ff": 64,
-                  "vocab_size": 16, "max_seq_len": 32, "rope_theta": 10000.0, "norm_eps": 1e-5,
-                  "init_std": 0.02, "block_size": 2, "tie_embeddings": True},
-        "train": {"steps": steps, "batch_size": 8, "lr": 1e-2, "min_lr_ratio": 0.1, "warmup_steps": 3,
-                  "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0,
-                  "checkpoint_every": 7, "log_every": 2, "max_retries": 2,
-                  "compile": False},
-        "backend": {"name": "torch", "device": "cpu"},
-        "resources": {"cpus": 1, "gpus": 0, "memory_gb": 1},
-    }
+    return SimpleNamespace(
+        seed=0, family=families[family](),
+        model=ModelConfig(name="micro", d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=16,
+                          max_seq_len=32, rope_theta=10000.0, norm_eps=1e-5, init_std=0.02, block_size=2,
+                          tie_embeddings=True),
+        train=TrainConfig(steps=steps, batch_size=8, lr=1e-2, min_lr_ratio=0.1, warmup_steps=3, weight_decay=0.1,
+                          beta1=0.9, beta2=0.95, grad_clip=1.0, checkpoint_every=7, log_every=2, max_retries=2,
+                          compile=False),
+        backend=TorchBackendConfig(name="torch", device="cpu"),
+        resources=TrainResources(cpus=1, gpus=0, memory_gb=1, nodes=1))
+
+
+def build(cfg: SimpleNamespace, ancestors=None) -> Decoder:
+    return build_model(cfg.family, cfg.model, ancestors)
+
+
+def layer_plan(cfg: SimpleNamespace) -> tuple[int, list[int]]:
+    return cfg.family.layer_plan(cfg.model)
+
+
+def stage_schedule(cfg: SimpleNamespace) -> list[Stage]:
+    return cfg.family.stages(cfg.model, cfg.train.steps)
+
+
+def grow(model: Decoder, optimizer: torch.optim.Optimizer, cfg: SimpleNamespace) -> torch.optim.Optimizer:
+    return cfg.family.grow(model, optimizer, lambda m: build_optimizer(m, cfg.train))
 
 
 def tokens(batch: int = 2, seq: int = 12, seed: int = 0) -> torch.Tensor:
@@ -46,7 +66,7 @@ def n_params(model: torch.nn.Module) -> int:
 # --- decoder ---------------------------------------------------------------------------------
 
 def test_logits_shape_dtype_and_tied_head():
-    model = build_model(micro_cfg())
+    model = build(micro_cfg())
     logits = model(tokens())
     assert logits.shape == (2, 12, 16) and logits.dtype == torch.float32
     assert model.lm_head.weight is model.embed.weight
@@ -56,13 +76,13 @@ def test_logits_shape_dtype_and_tied_head():
 
 def test_untied_head_is_a_separate_matrix():
     cfg = micro_cfg()
-    cfg["model"]["tie_embeddings"] = False
-    untied, tied = build_model(cfg), build_model(micro_cfg())
+    cfg.model.tie_embeddings = False
+    untied, tied = build(cfg), build(micro_cfg())
     assert n_params(untied) - n_params(tied) == 16 * 32
 
 
 def test_future_tokens_do_not_change_earlier_logits():
-    model = build_model(micro_cfg())
+    model = build(micro_cfg())
     original = tokens()
     changed = original.clone()
     changed[:, 7:] = (changed[:, 7:] + 3) % 16
@@ -72,7 +92,7 @@ def test_future_tokens_do_not_change_earlier_logits():
 
 
 def test_grouped_query_attention_matches_repeated_kv_heads():
-    attn = build_model(micro_cfg()).layers[0].attn
+    attn = build(micro_cfg()).layers[0].attn
     assert (attn.n_heads, attn.n_kv_heads) == (4, 2)
     assert attn.k_proj.weight.shape == (2 * 8, 32)
     q, k, v = torch.randn(2, 4, 10, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
@@ -84,9 +104,9 @@ def test_grouped_query_attention_matches_repeated_kv_heads():
 
 def test_same_seed_same_init_and_init_std():
     torch.manual_seed(0)
-    first = build_model(micro_cfg())
+    first = build(micro_cfg())
     torch.manual_seed(0)
-    second = build_model(micro_cfg())
+    second = build(micro_cfg())
     for a, b in zip(first.parameters(), second.parameters()):
         assert torch.equal(a, b)
     assert first.layers[0].mlp.up_proj.weight.std().item() == pytest.approx(0.02, rel=0.1)
@@ -94,7 +114,7 @@ def test_same_seed_same_init_and_init_std():
 
 def test_plan_must_fit_the_layers():
     with pytest.raises(ValueError):
-        Decoder(micro_cfg()["model"], 2, [0, 1, 2])
+        Decoder(micro_cfg().model, 2, [0, 1, 2])
 
 
 # --- layer plans and stages -----------------------------------------------------------------
@@ -107,9 +127,9 @@ def test_layer_plans():
 
 
 def test_looped_model_reuses_its_block():
-    looped = build_model(micro_cfg("looped"))
+    looped = build(micro_cfg("looped"))
     assert len(looped.layers) == 4 and looped.depth == 6
-    dense = build_model(micro_cfg("dense"))
+    dense = build(micro_cfg("dense"))
     assert n_params(dense) - n_params(looped) == 2 * n_params(dense.layers[0])
     applied = []
     hooks = [layer.register_forward_hook(lambda *_, n=n: applied.append(n))
@@ -141,11 +161,11 @@ def test_stage_schedule_covers_every_step(steps, alpha, initial):
 
 # --- growth ---------------------------------------------------------------------------------
 
-def trained_lidas(cfg: dict, steps: int = 2) -> tuple[Decoder, torch.optim.AdamW]:
+def trained_lidas(cfg: SimpleNamespace, steps: int = 2) -> tuple[Decoder, torch.optim.AdamW]:
     """A LIDAS model and optimizer with some AdamW state to carry through growth."""
     torch.manual_seed(0)
-    model = build_model(cfg)
-    optimizer = build_optimizer(model, cfg["train"])
+    model = build(cfg)
+    optimizer = build_optimizer(model, cfg.train)
     for _ in range(steps):
         model(tokens()).square().mean().backward()
         optimizer.step()
@@ -155,7 +175,7 @@ def trained_lidas(cfg: dict, steps: int = 2) -> tuple[Decoder, torch.optim.AdamW
 
 def test_growth_ancestry():
     cfg = micro_cfg("lidas")
-    cfg["model"]["n_layers"] = 8
+    cfg.model.n_layers = 8
     model, optimizer = trained_lidas(cfg, steps=0)
     seen = [model.ancestors]
     for _ in range(3):
@@ -165,7 +185,7 @@ def test_growth_ancestry():
     assert model.plan == list(range(8))
 
     cfg = micro_cfg("lidas", block_layers=3)
-    cfg["model"]["n_layers"] = 9
+    cfg.model.n_layers = 9
     model, optimizer = trained_lidas(cfg, steps=0)
     grow(model, optimizer, cfg)
     assert model.ancestors == [0, 1, 2, 0, 1, 2]
@@ -211,8 +231,8 @@ def test_grown_model_and_optimizer_load_into_fresh_ones():
     optimizer = grow(model, optimizer, cfg)
     model(tokens()).square().mean().backward()
     optimizer.step()
-    fresh = build_model(cfg, model.ancestors)
-    fresh_optimizer = build_optimizer(fresh, cfg["train"])
+    fresh = build(cfg, model.ancestors)
+    fresh_optimizer = build_optimizer(fresh, cfg.train)
     fresh.load_state_dict(model.state_dict())
     fresh_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
     assert fresh.ancestors == [0, 1, 0, 1]
@@ -225,7 +245,7 @@ def test_grown_model_and_optimizer_load_into_fresh_ones():
 # --- FLOPs ----------------------------------------------------------------------------------
 
 def test_flops_per_token_formula():
-    model_cfg = micro_cfg()["model"]  # d=32, H=4, K=2, hd=8, d_ff=64, V=16
+    model_cfg = micro_cfg().model  # d=32, H=4, K=2, hd=8, d_ff=64, V=16
     attention = 32 * 4 * 8 + 2 * 32 * 2 * 8 + 4 * 8 * 32
     per_layer = attention + 3 * 32 * 64
     assert flops_per_token(model_cfg, 6, 16) == 6 * (6 * per_layer + 16 * 32) + 6 * 6 * 16 * 32
@@ -234,18 +254,21 @@ def test_flops_per_token_formula():
 
 def test_schedule_flops_by_family():
     dense, looped, lidas = (micro_cfg(f, steps=600) for f in ("dense", "looped", "lidas"))
-    model_cfg = dense["model"]
-    assert schedule_flops(dense, 128, 16) == 600 * 128 * flops_per_token(model_cfg, 6, 16)
-    assert schedule_flops(looped, 128, 16) == schedule_flops(dense, 128, 16)
+    model_cfg = dense.model
+    def flops(cfg):
+        return schedule_flops(cfg.family, cfg.model, cfg.train.steps, 128, 16)
+    assert flops(dense) == 600 * 128 * flops_per_token(model_cfg, 6, 16)
+    assert flops(looped) == flops(dense)
     stages = [(100, 2), (200, 4), (300, 6)]
     expected = 128 * sum(steps * flops_per_token(model_cfg, depth, 16) for steps, depth in stages)
-    assert schedule_flops(lidas, 128, 16) == expected
+    assert flops(lidas) == expected
 
 
 @pytest.mark.parametrize("blocks", [3, 8])
 def test_lidas_flop_ratio_limit(blocks):
     """Without embedding and attention terms, Prop-1 from one block costs (2S+1)/(3S) of dense."""
     cfg = micro_cfg("lidas", steps=blocks * (blocks + 1) // 2 * 100)
-    cfg["model"].update(n_layers=2 * blocks, vocab_size=0)
-    assert lidas_flop_ratio(cfg, n_ctx=0) == pytest.approx((2 * blocks + 1) / (3 * blocks))
-    assert lidas_flop_ratio(micro_cfg("dense")) == 1.0
+    cfg.model = dataclasses.replace(cfg.model, n_layers=2 * blocks, vocab_size=0)
+    assert flop_ratio(cfg.family, cfg.model, cfg.train.steps, n_ctx=0) == pytest.approx((2 * blocks + 1) / (3 * blocks))
+    dense = micro_cfg("dense")
+    assert flop_ratio(dense.family, dense.model, dense.train.steps) == 1.0

@@ -6,23 +6,29 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from jobs.families import build_model, build_optimizer, grow
+from jobs.families import build_model
 from jobs.nanotron import bridge, surgery
-from orchestrator.config import compose_run, hydra_session
+from jobs.optim import build_optimizer
+from orchestrator.config import RunConfig, compose_run, hydra_session
 
 
-def config(*overrides: str) -> dict:
+def config(*overrides: str) -> RunConfig:
     with hydra_session():
         return compose_run(["size=tiny", "family=lidas", "tracker=none", "backend=nanotron",
                             "resources.gpus=1", "backend.nanotron.micro_batch_size=4",
                             "model.n_kv_heads=1", *overrides])  # grouped-query: q, k, v differ in size
 
 
-def grown_model(cfg: dict, growths: int) -> torch.nn.Module:
+def grow(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.Optimizer:
+    """One LIDAS growth step in process, as the torch backend grows."""
+    return cfg.family.grow(model, optimizer, lambda m: build_optimizer(m, cfg.train))
+
+
+def grown_model(cfg: RunConfig, growths: int) -> torch.nn.Module:
     """A LIDAS model after `growths` in-process growth steps, with distinct random weights."""
-    torch.manual_seed(cfg["seed"] + 7)
-    model = build_model(cfg)
-    optimizer = build_optimizer(model, cfg["train"])
+    torch.manual_seed(cfg.seed + 7)
+    model = build_model(cfg.family, cfg.model)
+    optimizer = build_optimizer(model, cfg.train)
     for _ in range(growths):
         optimizer = grow(model, optimizer, cfg)
     with torch.no_grad():
@@ -37,7 +43,7 @@ def test_export_then_import_gives_bit_identical_logits(tmp_path, tied):
     model = grown_model(cfg, growths=1)                       # 4 layers, ancestors [0, 1, 0, 1]
     step_dir = bridge.export(model, cfg, tmp_path / "ck", step=37)
     back = bridge.import_model(cfg, tmp_path / "ck")
-    tokens = torch.randint(0, cfg["model"]["vocab_size"], (3, 17))
+    tokens = torch.randint(0, cfg.model.vocab_size, (3, 17))
     with torch.no_grad():
         assert torch.equal(model(tokens), back(tokens))
     assert back.ancestors == model.ancestors == [0, 1, 0, 1]
@@ -47,7 +53,7 @@ def test_export_then_import_gives_bit_identical_logits(tmp_path, tied):
     layer = step_dir / "model" / "model" / "decoder" / "3" / "pp_block"
     qkv = layer / "attn" / "qkv_proj" / "model_weight_pp-rank-0-of-1_tp-rank-0-of-1.safetensors"
     with safe_open(str(qkv), framework="pt") as f:
-        d, hd, kv = cfg["model"]["d_model"], cfg["model"]["d_model"] // cfg["model"]["n_heads"], cfg["model"]["n_kv_heads"]
+        d, hd, kv = cfg.model.d_model, cfg.model.d_model // cfg.model.n_heads, cfg.model.n_kv_heads
         assert f.get_tensor("data").shape == (d + 2 * kv * hd, d)
         assert f.metadata()["unsharded_shape"] == f"({d + 2 * kv * hd}, {d})"
         assert f.metadata()["local_global_slices_pairs"].count(";") == 2   # q | k | v
@@ -66,7 +72,7 @@ def test_surgery_yields_exactly_the_in_process_growth(tmp_path):
     model = grown_model(cfg, growths=1)
     bridge.export(model, cfg, tmp_path / "stage1", step=500)
     step = surgery.grow_checkpoint(cfg, tmp_path / "stage1", tmp_path / "grown", "# next stage\n")
-    grow(model, build_optimizer(model, cfg["train"]), cfg)    # the torch backend, same weights
+    grow(model, build_optimizer(model, cfg.train), cfg)       # the torch backend, same weights
     expected = bridge.to_nanotron(model)
     got = bridge.read_tensors(tmp_path / "grown" / str(step) / "model")
     assert step == 500 and sorted(got) == sorted(expected)

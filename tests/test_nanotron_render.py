@@ -1,45 +1,43 @@
 """backend=nanotron config: per-stage YAML, its schema, the planning checks and --dry-run."""
 import copy
 import functools
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from jobs.families import stage_schedule
+import nanotron_side
 from jobs.nanotron import render, schema
 from orchestrator.cli import main
-from orchestrator.config import ConfigError, compose_run, hydra_session
+from orchestrator.config import ConfigError, RunConfig, compose_run, hydra_session
 
 
 @functools.lru_cache(maxsize=None)
-def _composed(overrides: tuple[str, ...]) -> dict:
+def _composed(overrides: tuple[str, ...]) -> RunConfig:
     with hydra_session():
         return compose_run(["backend=nanotron", "size=360m", "tracker=none", *overrides])
 
 
-def config(*overrides: str) -> dict:
+def config(*overrides: str) -> RunConfig:
     return copy.deepcopy(_composed(overrides))
 
 
 def test_each_lidas_stage_renders_the_size_at_its_depth():
     cfg = config("family=lidas")
-    schedule = stage_schedule(cfg)
+    schedule = cfg.family.stages(cfg.model, cfg.train.steps)
     docs = [render.render_stage(cfg, Path("/runs/x"), i, f"x-{i}") for i in range(len(schedule))]
     assert [d["model"]["model_config"]["num_hidden_layers"] for d in docs] == [4, 8, 12, 16, 20, 24, 28, 32]
     assert [d["tokens"]["train_steps"] for d in docs] == [s.end_step for s in schedule]
-    mc, m = docs[-1]["model"]["model_config"], cfg["model"]
+    mc, m = docs[-1]["model"]["model_config"], cfg.model
     assert (mc["hidden_size"], mc["num_attention_heads"], mc["num_key_value_heads"], mc["intermediate_size"],
             mc["vocab_size"], mc["tie_word_embeddings"]) == (960, 15, 5, 2560, 49152, True) == (
-            m["d_model"], m["n_heads"], m["n_kv_heads"], m["d_ff"], m["vocab_size"], m["tie_embeddings"])
+            m.d_model, m.n_heads, m.n_kv_heads, m.d_ff, m.vocab_size, m.tie_embeddings)
     par, tok = docs[0]["parallelism"], docs[0]["tokens"]
     assert par["dp"] * par["tp"] * par["pp"] == 8
-    assert par["dp"] * tok["micro_batch_size"] * tok["batch_accumulation_per_replica"] == cfg["train"]["batch_size"]
+    assert par["dp"] * tok["micro_batch_size"] * tok["batch_accumulation_per_replica"] == cfg.train.batch_size
     lr = docs[3]["optimizer"]["learning_rate_scheduler"]            # one schedule over all stages
-    assert lr["lr_decay_steps"] == cfg["train"]["steps"] - cfg["train"]["warmup_steps"]
+    assert lr["lr_decay_steps"] == cfg.train.steps - cfg.train.warmup_steps
     assert docs[2]["checkpoints"]["checkpoints_path"] == "/runs/x/nanotron/stage2/checkpoints"
     assert docs[0]["data_stages"][0]["data"]["dataset"]["hf_dataset_or_datasets"] == "HuggingFaceTB/smollm-corpus"
     tokenized = config("family=dense", "backend.nanotron.dataset=null", "backend.nanotron.tokenized_path=/data/tok")
@@ -97,35 +95,20 @@ def test_dry_run_prints_valid_yaml_and_torchrun_per_stage(tmp_path, capsys):
     assert not (tmp_path / "store").exists()
 
 
-def _nanotron_config_module():
-    """nanotron.config, through the PyPI release's import workaround (design/nanotron.md)."""
-    import types
-    try:
-        import nanotron.config as config
-        return config
-    except ImportError:
-        for name in [n for n in sys.modules if n.startswith("nanotron")]:
-            del sys.modules[name]
-    stand_in = types.ModuleType("nanotron.config.config")
-    stand_in.LoggingArgs = type("LoggingArgs", (), {})
-    sys.modules["nanotron.config.config"] = stand_in
-    import nanotron.logging  # noqa: F401
-    del sys.modules["nanotron.config.config"]
-    sys.modules.pop("nanotron.config", None)
-    import nanotron.config as config
-    return config
-
-
-@pytest.mark.skipif(importlib.util.find_spec("nanotron") is None,
-                    reason="nanotron is not installed here (GPU machines: README, nanotron backend)")
 def test_nanotron_itself_parses_every_rendered_stage(tmp_path):
-    config_module = _nanotron_config_module()
-    if not hasattr(config_module, "Qwen2Config"):
-        pytest.skip("this nanotron predates the git-main format rendered here; install the pinned commit")
+    """nanotron's own get_config_from_file (the pinned commit, in the side environment made by
+    `make test`: tests/nanotron_side.py) on every LIDAS stage; tests/test_nanotron_loader.py
+    compares what it parsed with what the config means, for every size."""
     cfg = config("family=lidas")
-    for i in range(len(stage_schedule(cfg))):
+    paths = []
+    for i in range(len(cfg.family.stages(cfg.model, cfg.train.steps))):
         path = tmp_path / f"stage{i}.yaml"
         path.write_text(render.to_yaml(render.render_stage(cfg, tmp_path, i, f"r-{i}")))
-        parsed = config_module.get_config_from_file(str(path))
-        assert isinstance(parsed.model.model_config, config_module.Qwen2Config)  # not a dict
-        assert parsed.parallelism.dp * parsed.parallelism.tp * parsed.parallelism.pp == 8
+        paths.append({"path": str(path)})
+    results = nanotron_side.run("load_configs.py", {"configs": paths})["results"]
+    assert [r["ok"] or r["error"] for r in results] == [True] * len(paths)
+    for i, r in enumerate(results):
+        assert r["derived"]["model_config_class"] == "Qwen2Config" and r["model_config_strict"] is None
+        assert r["config"]["model"]["model_config"]["num_hidden_layers"] == 4 * (i + 1)
+        par = r["config"]["parallelism"]
+        assert par["dp"] * par["tp"] * par["pp"] == 8

@@ -1,7 +1,6 @@
 """The report's figures: drawn from a fake store, skipped without data, marks as documented, and the
 same bytes on every run."""
 
-import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -15,8 +14,8 @@ from matplotlib.colors import to_rgba
 from test_analysis_load import new_store, write_run, write_sweep
 from test_report import NGRAMS, TVD
 
-from analysis import analyse, load_curves, load_history, plots, write_report
-from analysis.report import _plots
+from analysis import analyse, load_curves, load_history, plots, render_markdown, write_report
+from analysis.figures import draw
 
 SWEEP = "demo"
 ALL_PLOTS = {"forest", "seeds_regbench_tvd", "loss", "score_vs_flops", "tvd_by_context"}
@@ -46,11 +45,8 @@ def fake_store(root: Path, with_history: bool = True, with_curves: bool = True, 
         for seed, tvd in enumerate(values[:(seeds or {}).get((family, size), len(values))]):
             run_id = f"{family}-{size}-{seed}"
             write_run(root, run_id, family, size, seed, {"regbench_tvd": tvd, **NGRAMS,
-                                                         "train_flops": 1e12 * (0.8 if family == "lidas" else 1)})
-            metrics_path = root / "runs" / run_id / "metrics.json"
-            metrics = json.loads(metrics_path.read_text())
-            metrics["curves"] = curves(tvd) if with_curves else {}
-            metrics_path.write_text(json.dumps(metrics))
+                                                         "train_flops": 1e12 * (0.8 if family == "lidas" else 1)},
+                      curves=curves(tvd) if with_curves else {})
             if with_history:
                 history(family, seed).to_parquet(root / "runs" / run_id / "history.parquet", index=False)
             run_ids.append(run_id)
@@ -79,8 +75,19 @@ def test_a_store_without_histories_or_curves_skips_those_plots(tmp_path):
     report = write_report(root, SWEEP).read_text()
     assert {p.stem for p in plot_dir(root).iterdir()} == ALL_PLOTS - {"loss", "tvd_by_context"}
     assert "Not drawn: no finished run has a history.parquet." in report
-    assert "Not drawn: no finished run has curves.tvd_by_context in its metrics.json." in report
     assert "](plots/loss.png)" not in report
+    # no run recorded (so none declared) the curve: its figure is not listed at all
+    assert "tvd_by_context" not in report and "by number of in-context strings" not in report
+
+
+def test_a_declared_curve_without_points_is_listed_as_not_drawn(tmp_path):
+    analysis = analyse(fake_store(tmp_path / "store"), SWEEP)
+    assert "tvd_by_context" in analysis.curve_specs
+    figures = draw(replace(analysis, curves={}))
+    curve = next(p for p in figures if p.name == "tvd_by_context")
+    assert curve.figure is None and curve.title == "RegBench TVD by number of in-context strings"
+    assert "Not drawn: no finished run has curves.tvd_by_context in its metrics.json." in render_markdown(
+        analysis, figures)
 
 
 def test_plots_of_data_that_went_away_are_removed(tmp_path):
@@ -188,7 +195,7 @@ def test_hierarchical_columns_reach_the_forest_plot_when_present(tmp_path):
     analysis = analyse(fake_store(tmp_path / "store"), SWEEP)
     comparisons = analysis.comparisons.assign(hb_low=analysis.comparisons["ci_low"] - 0.01,
                                               hb_high=analysis.comparisons["ci_high"] + 0.01)
-    forest = next(p for p in _plots(replace(analysis, comparisons=comparisons)) if p.name == "forest")
+    forest = next(p for p in draw(replace(analysis, comparisons=comparisons)) if p.name == "forest")
     assert "thin whisker: hierarchical bootstrap interval" in forest.caption
     widths = [c.get_linewidth()[0] for c in forest.figure.axes[0].collections if hasattr(c, "get_segments")]
     assert widths.count(1) == widths.count(2.6) == 4

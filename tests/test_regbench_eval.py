@@ -2,21 +2,21 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.data.regbench import N_SYMBOLS, PAD, SEP, VOCAB, heldout_set
-from jobs.evals.regbench import ITEM_METRICS, evaluate, ngram_distributions
+from jobs.data.regbench import N_SYMBOLS, PAD, SEP, VOCAB, RegBenchDataConfig, heldout_set
+from jobs.evals.regbench import ITEM_METRICS, METRICS, RegBenchSettings, evaluate, ngram_distributions
 
-DATA = {"name": "regbench", "vocab_size": 20, "n_symbols": 18, "seed": 11,
-        "num_states": [3, 6], "alphabet_size": [3, 8], "transitions_per_state": [1, 3],
-        "strings_per_instance": [6, 12], "string_length": [1, 10],
-        "train_automata": 40, "heldout_automata": 10, "seq_len": 80}
-EVAL = {"regbench": {"instances": 24, "ngram_alpha": 0.1, "batch_size": 7}}
+DATA = RegBenchDataConfig(name="regbench", kind="regbench", vocab_size=20, n_symbols=18, seed=11,
+                          num_states=[3, 6], alphabet_size=[3, 8], transitions_per_state=[1, 3],
+                          strings_per_instance=[6, 12], string_length=[1, 10],
+                          train_automata=40, heldout_automata=10, seq_len=80)
+EVAL = RegBenchSettings(instances=24, ngram_alpha=0.1, batch_size=7)
 ALPHA = 0.1
 NEG = -1e9
 
 
 def lookup_logits(table: np.ndarray):
     """A logits_fn that returns precomputed per-position logits for the held-out rows it is given."""
-    eval_set = heldout_set(DATA, EVAL["regbench"]["instances"])
+    eval_set = heldout_set(DATA, EVAL.instances)
     by_row = {row.tobytes(): i for i, row in enumerate(eval_set.inputs)}
     return lambda inputs: torch.as_tensor(table[[by_row[row.numpy().tobytes()] for row in inputs]])
 
@@ -30,7 +30,7 @@ def symbol_logits(p_symbols: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def eval_set():
-    return heldout_set(DATA, EVAL["regbench"]["instances"])
+    return heldout_set(DATA, EVAL.instances)
 
 
 def test_perfect_model_scores_zero(eval_set):
@@ -94,5 +94,7 @@ def test_curves_items_and_directions_are_consistent(eval_set):
     for name, group in items.groupby("metric"):
         assert np.average(group.score, weights=group.weight) == pytest.approx(result.metrics[name])
 
-    assert set(result.higher_is_better) == set(result.metrics)
-    assert all(result.higher_is_better[name] == name.endswith("_acc") for name in result.metrics)
+    assert set(result.metrics) <= set(METRICS)  # every recorded metric is declared, with its direction
+    assert all(METRICS[name].higher_is_better == name.endswith("_acc") for name in result.metrics)
+    assert {name for name in result.metrics if METRICS[name].reference} == {
+        name for name in result.metrics if name.startswith("ngram")}

@@ -4,6 +4,7 @@ that are never unpickled into arbitrary objects. (Slurm script quoting: tests/te
 import ast
 import os
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +15,6 @@ from helpers import CLI, running_train, wait_for
 from ray._private.utils import get_dashboard_dependency_error
 
 from jobs.checkpoint import checkpoint_paths, latest_checkpoint, load_checkpoint, save_checkpoint
-from jobs.registry import catalog
 from orchestrator import grid
 from orchestrator.config import ConfigError
 
@@ -27,7 +27,6 @@ SECRETS = {  # shaped like the real ones, so redaction by shape is exercised too
     "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYTESTKEY",
 }
 LOOPBACK = {"127.0.0.1", "::1"}
-SKIP = {".venv", ".git", "outputs", "wandb"}  # not the project's source
 
 
 def _listening() -> dict[int, str]:
@@ -132,17 +131,19 @@ def test_no_dashboard_and_every_wide_port_is_rays_token_authenticated_core(swept
 
 
 def test_the_dashboard_binds_to_loopback_unless_configured():
-    points, _ = grid.expand(["family=dense", "seed=0"], catalog())
-    assert points[0].config["cluster"]["dashboard_host"] == "127.0.0.1"
+    points, _ = grid.expand(["family=dense", "seed=0"])
+    assert points[0].config.cluster.dashboard_host == "127.0.0.1"
     if get_dashboard_dependency_error() is not None:  # minimal Ray: refused in one line
         with pytest.raises(ConfigError, match=r"include_dashboard=true: .*ray\[default\]"):
-            grid.expand(["family=dense", "seed=0", "cluster.include_dashboard=true"], catalog())
+            grid.expand(["family=dense", "seed=0", "cluster.include_dashboard=true"])
 
 
 def test_every_torch_load_in_the_project_passes_weights_only_true():
     calls = []
-    sources = [p for top in PROJECT.iterdir() if top.is_dir() and top.name not in SKIP
-               for p in top.rglob("*.py")] + list(PROJECT.glob("*.py"))
+    # The project's own sources: what git tracks or would (not the virtual environments beside them).
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+                            cwd=PROJECT, capture_output=True, text=True, check=True).stdout.split()
+    sources = [PROJECT / name for name in listed]
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)

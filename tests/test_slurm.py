@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import slurm
+from orchestrator.executors.slurm import inner_overrides
+from orchestrator.executors.slurm_tools import active
 from orchestrator.cli import main
 from orchestrator.store import DONE, Store
 
@@ -74,7 +75,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 def jobs_over(store: Path, name: str) -> bool:
     ids = [j["id"] for j in Store(store).read_sweep(name).get("slurm_jobs", [])]
-    return not slurm._active(ids)
+    return not active(ids)
 
 
 def run_states(store: Path, name: str) -> dict[str, dict]:
@@ -195,7 +196,7 @@ def test_rendered_script_passes_bash_and_sbatch_test_only(slurm_cluster, tmp_pat
 def test_bad_slurm_values_fail_before_anything_with_exit_2(tmp_path, capsys):
     for override, words in (("cluster.partition='gpu\n#SBATCH --wrap=x'", "cluster.partition"),
                             ("cluster.sbatch=['--comment=a b']", "cluster.sbatch"),
-                            ("cluster.nodes=0", "cluster: nodes=0")):
+                            ("cluster.nodes=0", "cluster.nodes=0: must be >= 1")):
         assert main(["sweep", "size=micro", "family=dense", "seed=0", "cluster=slurm",
                      f"store.root={tmp_path}", override]) == 2
         assert words in capsys.readouterr().out
@@ -206,7 +207,7 @@ def test_bad_slurm_values_fail_before_anything_with_exit_2(tmp_path, capsys):
 
 
 def test_inside_the_allocation_the_cluster_overrides_give_way_to_its_ray():
-    assert slurm.inner_overrides(["cluster=slurm", "cluster.nodes=2", "+cluster.x=1", "seed=0,1",
+    assert inner_overrides(["cluster=slurm", "cluster.nodes=2", "+cluster.x=1", "seed=0,1",
                                   "clusters_note=x", "family=dense"]) == \
         ["seed=0,1", "clusters_note=x", "family=dense"]
 

@@ -100,7 +100,8 @@ def test_damaged_files_are_found_moved_aside_and_the_jobs_set_to_rerun(tmp_path)
     for job in jobs:
         s.start_job("r1", job, jobs)
         s.end_job("r1", job, jobs)
-    s.merge_metrics("r1", {"final_loss": 1.0}, {"final_loss": False})
+    s.merge_metrics("r1", {"final_loss": 1.0}, {"final_loss": {"label": "final loss", "higher_is_better": False}},
+                    {}, {})
     ckpt = s.run_dir("r1") / "checkpoints" / "step_0000010.pt"
     ckpt.parent.mkdir()
     ckpt.write_bytes(b"x" * 100)

@@ -2,6 +2,7 @@
 logs): one W&B run per store run holding its training and its evaluations, the sweep's analysis
 run, resumes that continue the same run, no secret in any file, and W&B trouble that never fails
 a job."""
+import dataclasses
 import json
 import os
 import struct
@@ -19,6 +20,7 @@ import yaml
 wandb = pytest.importorskip("wandb")
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
+from jobs.contract import Job  # noqa: E402
 from orchestrator import grid, tracking, worker  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.config import ConfigError  # noqa: E402
@@ -28,7 +30,6 @@ from orchestrator.store import Store  # noqa: E402
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # shaped like a W&B API key
 FAKE_TOKEN = "sk-test-4f9c2b7e1a6d8e3f5b0c9d"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, nothing is ever uploaded
-EVALS = {"train": frozenset({"final_loss"}), "regbench": frozenset({"regbench_tvd"})}
 
 
 @pytest.fixture(autouse=True)
@@ -220,25 +221,24 @@ def test_wandb_sync_fails_cleanly_offline_and_runs_wandb_sync_online(swept, monk
 # ---------------------------------------------------------------------------------------------
 # Direct calls
 
-def micro(*overrides: str) -> dict:
-    points, _ = grid.expand(["size=micro", "family=dense", "seed=0", "eval.jobs=[regbench]", *overrides],
-                            EVALS)
+def micro(*overrides: str):
+    points, _ = grid.expand(["size=micro", "family=dense", "seed=0", "eval.jobs=[regbench]", *overrides])
     return points[0].config
 
 
 @pytest.fixture(scope="module")
-def base_cfg() -> dict:
+def base_cfg():
     return micro()
 
 
-def with_tracker(cfg: dict, **tracker) -> dict:
-    return {**cfg, "tracker": {**cfg["tracker"], **tracker}}
+def with_tracker(cfg, **tracker):
+    return dataclasses.replace(cfg, tracker=dataclasses.replace(cfg.tracker, **tracker))
 
 
 def test_tracker_config_defaults_checks_and_run_id():
     cfg, off = micro(), micro("tracker=none")
-    assert cfg["tracker"]["enabled"] is None and cfg["tracker"]["log_every"] == 5
-    assert off["tracker"]["enabled"] is False and not tracking.enabled(off["tracker"])
+    assert cfg.tracker.enabled is None and cfg.tracker.log_every == 5
+    assert off.tracker.enabled is False and not tracking.enabled(off.tracker)
     online = micro("tracker.mode=online", "tracker.sweep=x")
     assert len({run_id(cfg), run_id(off), run_id(online)}) == 1
     for overrides, needle in [(["tracker.mode=loud"], "tracker.mode=loud: not allowed"),
@@ -270,14 +270,21 @@ def test_resume_continues_the_same_run_and_logs_every_nth_step(tmp_path, base_cf
     assert second.summary["curves/ancestors"] == [0, 1, 2, 3]
 
 
-def test_secrets_never_reach_any_file(tmp_path, base_cfg):
-    cfg = {**base_cfg, "notes": {"api_key": "plain words", "hf_token": "x", "url": FAKE_TOKEN,
-                                 "login": "https://me:hunter2@example.com", "kept": "lr sweep"}}
-    assert tracking.redact(cfg["notes"]) == {"kept": "lr sweep"}
+def test_secrets_never_reach_any_file(tmp_path):
+    notes = {"api_key": "plain words", "hf_token": "x", "url": FAKE_TOKEN,
+             "login": "https://me:hunter2@example.com", "kept": "lr sweep"}
+    assert tracking.redact(notes) == {"kept": "lr sweep"}
+    # Secrets a user may put into values of the config: a setup line that exports a token, a
+    # dataset path with a password in its URL.
+    cfg = micro("cluster=slurm", f"cluster.setup=['export HF_TOKEN={FAKE_TOKEN}','module load cuda']",
+                "eval.gsm8k.path=null")
+    cfg.cluster.partition = None
+    cfg.tracker.entity = None
+    cfg.cluster.sbatch = ["https://me:hunter2@example.com"]
     tracker = tracking.open_run(cfg, run_id(cfg), "train", tmp_path)
     tracker.finish()
     (s,) = sessions(tmp_path, run_id(cfg))
-    assert s.config["notes"] == {"kept": "lr sweep"}
+    assert s.config["cluster"]["setup"] == ["module load cuda"] and s.config["cluster"]["sbatch"] == []
     assert_nowhere(tmp_path, FAKE_KEY, FAKE_TOKEN, "hunter2", "plain words")
 
 
@@ -289,7 +296,7 @@ def test_tracking_off_writes_nothing_and_needs_no_wandb(tmp_path, base_cfg, monk
     store.record_sweep("off", ["family=dense", "tracker=none"], [])
     with warnings.catch_warnings():
         warnings.simplefilter("error", tracking.TrackingWarning)
-        assert tracking.log_sweep(store, "off", analysis=None) is None  # not even looked at
+        assert tracking.log_sweep(store, "off", analysis=None, t=off.tracker) is None  # not even looked at
     real = tracking.importlib.util.find_spec
     monkeypatch.setattr(tracking.importlib.util, "find_spec",
                         lambda name, *a: None if name == "wandb" else real(name, *a))
@@ -304,7 +311,7 @@ def test_a_failed_job_fails_and_marks_its_wandb_session_failed(tmp_path, base_cf
         progress({"step": 5, "total_steps": 40, "loss": 2.0})
         raise FloatingPointError("training loss is nan at step 6")
 
-    monkeypatch.setattr(worker, "get_job", lambda job: crash)
+    monkeypatch.setattr(worker, "get_job", lambda job: Job(job, crash, metrics={}))
     rid = run_id(base_cfg)
     with pytest.raises(FloatingPointError):
         worker.execute("train", rid, str(tmp_path), base_cfg)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs.checkpoint import checkpoint_paths, latest_checkpoint, load_checkpoint, load_model, save_atomic
+from jobs.checkpoint import checkpoint_paths, latest_checkpoint, load_checkpoint, save_atomic
 from jobs.flops import schedule_flops
 from jobs.train import learning_rate, train
 from test_model import micro_cfg
@@ -54,7 +54,7 @@ def reference(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_learning_rate_schedule():
-    cfg = micro_cfg(steps=100)["train"]
+    cfg = micro_cfg(steps=100).train
     assert [learning_rate(s, cfg) for s in range(3)] == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2])
     assert learning_rate(99, cfg) == pytest.approx(1e-3)
     later = [learning_rate(s, cfg) for s in range(2, 100)]
@@ -77,7 +77,7 @@ def test_history_and_metrics(tmp_path):
                                "tokens_per_s", "elapsed_s", "eta_s"}
     assert [row["n_layers"] for row in state["history"]][::5] == [2, 4, 6]
     assert metrics["train_tokens"] == state["history"][-1]["tokens"] == 30 * BATCH * SEQ
-    assert metrics["train_flops"] == schedule_flops(cfg, BATCH * SEQ, SEQ)
+    assert metrics["train_flops"] == schedule_flops(cfg.family, cfg.model, cfg.train.steps, BATCH * SEQ, SEQ)
     assert metrics["final_layers"] == 6 and metrics["ancestors"] == [0, 1, 0, 1, 0, 1]
     assert metrics["final_loss"] == pytest.approx(sum(r["loss"] for r in state["history"][-2:]) / 2)
     assert metrics["steps"] == 30 and metrics["tokens_per_s"] > 0
@@ -91,7 +91,7 @@ def test_same_seed_is_bit_identical(reference, tmp_path):
 
 def test_other_seed_differs(reference, tmp_path):
     cfg = micro_cfg("dense")
-    cfg["seed"] = 1
+    cfg.seed = 1
     train(cfg, tmp_path, counting_batches)
     assert latest_checkpoint(tmp_path)["history"] != latest_checkpoint(reference["dense"])["history"]
 
@@ -159,20 +159,20 @@ def test_save_atomic_replaces_whole_files(tmp_path):
 
 def test_load_model_for_evaluation(reference, tmp_path):
     cfg = micro_cfg("lidas")
-    model = load_model(cfg, reference["lidas"])
+    model = cfg.backend.load_model(cfg, reference["lidas"])
     assert not model.training and model.ancestors == [0, 1, 0, 1, 0, 1]
     inputs, targets = counting_batches(1000)
     accuracy = (model(inputs).argmax(-1) == targets)[targets != -100].float().mean()
     assert accuracy > 0.5
     with pytest.raises(FileNotFoundError):
-        load_model(cfg, tmp_path)
+        cfg.backend.load_model(cfg, tmp_path)
 
 
 def test_a_compiled_run_grows_and_matches_the_eager_run(reference, tmp_path):
     """train.compile: a LIDAS run recompiles at each growth step and learns what the eager run
     learns (not bit for bit: fused kernels round differently); its checkpoints load uncompiled."""
     cfg = micro_cfg("lidas")
-    cfg["train"]["compile"] = True
+    cfg.train.compile = True
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     train(cfg, tmp_path, counting_batches)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs >= 3  # depths 2, 4, 6
@@ -181,7 +181,7 @@ def test_a_compiled_run_grows_and_matches_the_eager_run(reference, tmp_path):
     for a, b in zip(compiled["history"], eager["history"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), a["step"]
     assert compiled["model"].keys() == eager["model"].keys()
-    assert load_model(cfg, tmp_path).depth == 6
+    assert cfg.backend.load_model(cfg, tmp_path).depth == 6
 
 
 def test_non_finite_loss_names_the_step(tmp_path):

@@ -9,7 +9,6 @@ model trained on them can be prompted in context; the batch at a step is a pure 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.settings import require, section, setting
 from jobs import tokenizer
+from jobs.data import DATA_KINDS, DataConfig
 from jobs.data.gsm8k import Problem, shot, write_jsonl
 
 NAMES = ("Ann", "Bob", "Sam", "Eve", "Tom", "Mia", "Leo", "Ivy")
@@ -26,9 +27,34 @@ ITEMS = ("apples", "pens", "cards", "eggs", "books", "shells", "stamps", "coins"
 _TEST, _TRAIN, _STREAM = range(3)  # tags that keep the random streams apart
 
 
+@dataclass
+class ArithSettings:
+    max_number: int = setting(ge=1)
+    two_step: float = setting(ge=0, le=1)  # share of two-step (add, then subtract) problems
+    train_problems: int = setting(ge=1)
+    test_problems: int = setting(ge=1)
+
+
+@DATA_KINDS.register("arith")
+@dataclass
+class ArithDataConfig(DataConfig):
+    """data.kind=arith (conf/data/arith.yaml): byte-level text of word problems."""
+    arith: ArithSettings = section(ArithSettings)
+
+    def check(self, run: Any) -> None:
+        super().check(run)
+        require(self.vocab_size == tokenizer.VOCAB_SIZE, f"data.vocab_size={self.vocab_size}: byte-level "
+                f"text needs {tokenizer.VOCAB_SIZE} (256 bytes + BOS, EOS, pad)")
+        require(self.seq_len >= 128, f"data.seq_len={self.seq_len}: text rows need >= 128 bytes "
+                f"(a worked example is ~110); raise model.max_seq_len")
+
+    def train_stream(self, seed: int, batch_size: int) -> TrainStream:
+        return TrainStream(self, seed, batch_size)
+
+
 @dataclass(frozen=True)
 class ArithConfig:
-    """Hashable view of the `data` section of `kind: arith`."""
+    """Hashable view of an ArithDataConfig: the key of the cached problem splits."""
 
     seed: int
     seq_len: int
@@ -38,10 +64,9 @@ class ArithConfig:
     test_problems: int
 
     @classmethod
-    def parse(cls, data_cfg: Mapping[str, Any]) -> "ArithConfig":
-        a = data_cfg["arith"]
-        return cls(int(data_cfg["seed"]), int(data_cfg["seq_len"]), int(a["max_number"]), float(a["two_step"]),
-                   int(a["train_problems"]), int(a["test_problems"]))
+    def parse(cls, data_cfg: ArithDataConfig) -> ArithConfig:
+        a = data_cfg.arith
+        return cls(data_cfg.seed, data_cfg.seq_len, a.max_number, a.two_step, a.train_problems, a.test_problems)
 
 
 def problem(rng: np.random.Generator, max_number: int, two_step: float) -> Problem:
@@ -85,13 +110,13 @@ def _splits(cfg: ArithConfig) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]
     return tuple(train), tuple(test)
 
 
-def splits(data_cfg: Mapping[str, Any]) -> dict[str, list[Problem]]:
+def splits(data_cfg: ArithDataConfig) -> dict[str, list[Problem]]:
     """`{"train": [...], "test": [...]}`, deterministic from data.seed, disjoint by question."""
     train, test = _splits(ArithConfig.parse(data_cfg))
     return {"train": list(train), "test": list(test)}
 
 
-def write_fixture(data_cfg: Mapping[str, Any], directory: str | Path) -> dict[str, Path]:
+def write_fixture(data_cfg: ArithDataConfig, directory: str | Path) -> dict[str, Path]:
     """`train.jsonl` and `test.jsonl` in GSM8K's format (read with `eval.gsm8k.path=<dir>/{split}.jsonl`)."""
     return {split: write_jsonl(rows, Path(directory) / f"{split}.jsonl") for split, rows in splits(data_cfg).items()}
 
@@ -105,7 +130,7 @@ class TrainStream:
     """Training batches as a pure function of (data.seed, seed, step): rows of train-split
     examples after a BOS, every token a target."""
 
-    def __init__(self, data_cfg: Mapping[str, Any], seed: int, batch_size: int):
+    def __init__(self, data_cfg: ArithDataConfig, seed: int, batch_size: int):
         self.cfg = ArithConfig.parse(data_cfg)
         self.seed, self.batch_size = int(seed), int(batch_size)
         self.shots = _encoded_shots(self.cfg)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from common.atomic import write_text
+
 Problem = dict[str, str]
 
 
@@ -40,9 +42,8 @@ def read_jsonl(path: str | Path) -> list[Problem]:
 def write_jsonl(problems: list[Problem], path: str | Path) -> Path:
     """Write problems one JSON object per line (the format `read_jsonl` and `openai/gsm8k` use)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"question": p["question"], "answer": p["answer"]}) + "\n"
-                            for p in problems), encoding="utf-8")
+    write_text(path, "".join(json.dumps({"question": p["question"], "answer": p["answer"]}) + "\n"
+                             for p in problems))
     return path
 
 

@@ -8,13 +8,16 @@ same seed sees identical data and resuming needs no stream state.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import torch
+
+from common.settings import require, setting
+from jobs.data import DATA_KINDS, DataConfig
 
 N_SYMBOLS = 18  # a..r = token ids 0..17
 SEP = 18  # "|" separates strings and opens every instance
@@ -26,9 +29,34 @@ IGNORE = -100  # target id skipped by cross-entropy
 _HELDOUT_POOL, _TRAIN_POOL, _HELDOUT_STRINGS, _TRAIN_STRINGS = range(4)
 
 
+@DATA_KINDS.register("regbench")
+@dataclass
+class RegBenchDataConfig(DataConfig):
+    """data.kind=regbench (conf/data/regbench*.yaml). Ranges are inclusive [low, high]."""
+    n_symbols: int = setting(choices=(N_SYMBOLS,))
+    num_states: list[int] = setting(length=2, ascending=True, ge=2,
+                                    what="[low, high] with 2 <= low <= high (no self-loops)")
+    alphabet_size: list[int] = setting(length=2, ascending=True, ge=1, what="[low, high] with 1 <= low <= high")
+    transitions_per_state: list[int] = setting(length=2, ascending=True, ge=1, what="[low, high] with 1 <= low <= high")
+    strings_per_instance: list[int] = setting(length=2, ascending=True, ge=1, what="[low, high] with 1 <= low <= high")
+    string_length: list[int] = setting(length=2, ascending=True, ge=1, what="[low, high] with 1 <= low <= high")
+    train_automata: int = setting(gt=0)
+    heldout_automata: int = setting(gt=0)
+
+    def check(self, run: Any) -> None:
+        super().check(run)
+        require(self.alphabet_size[1] <= self.n_symbols,
+                f"data.alphabet_size={self.alphabet_size}: more than data.n_symbols={self.n_symbols}")
+        require(self.vocab_size == self.n_symbols + 2,
+                f"data.vocab_size={self.vocab_size}: must be n_symbols + 2 (separator and pad)")
+
+    def train_stream(self, seed: int, batch_size: int) -> TrainStream:
+        return TrainStream(self, seed, batch_size)
+
+
 @dataclass(frozen=True)
 class RegBenchConfig:
-    """Hashable, validated view of the ``data`` config section (a dict or DictConfig)."""
+    """Hashable view of a RegBenchDataConfig: the key of the cached automata pools and eval sets."""
 
     seed: int
     num_states: tuple[int, int]
@@ -41,24 +69,16 @@ class RegBenchConfig:
     seq_len: int
 
     @classmethod
-    def parse(cls, data_cfg: DataConfig) -> RegBenchConfig:
+    def parse(cls, data_cfg: DataSpec) -> RegBenchConfig:
         if isinstance(data_cfg, cls):
             return data_cfg
-        if int(data_cfg["n_symbols"]) != N_SYMBOLS or int(data_cfg["vocab_size"]) != VOCAB:
-            raise ValueError(f"RegBench uses {N_SYMBOLS} symbols and a vocabulary of {VOCAB}")
-        ranges = {k: tuple(int(v) for v in data_cfg[k]) for k in (
+        ranges = {k: tuple(getattr(data_cfg, k)) for k in (
             "num_states", "alphabet_size", "transitions_per_state", "strings_per_instance", "string_length")}
-        for key, (lo, hi) in ranges.items():
-            if not 1 <= lo <= hi:
-                raise ValueError(f"data.{key} must be an inclusive range [lo, hi] with 1 <= lo <= hi")
-        if ranges["num_states"][0] < 2 or ranges["alphabet_size"][1] > N_SYMBOLS:
-            raise ValueError("need >= 2 states (no self-loops) and at most 18 alphabet symbols")
-        return cls(seed=int(data_cfg["seed"]), train_automata=int(data_cfg["train_automata"]),
-                   heldout_automata=int(data_cfg["heldout_automata"]), seq_len=int(data_cfg["seq_len"]),
-                   **ranges)
+        return cls(seed=data_cfg.seed, train_automata=data_cfg.train_automata,
+                   heldout_automata=data_cfg.heldout_automata, seq_len=data_cfg.seq_len, **ranges)
 
 
-DataConfig = Mapping[str, Any] | RegBenchConfig  # what the public functions accept as data_cfg
+DataSpec = Union[RegBenchDataConfig, RegBenchConfig]  # what the public functions accept as data_cfg
 
 
 # ----------------------------------------------------------------------------- automata
@@ -165,7 +185,7 @@ def _pools(cfg: RegBenchConfig) -> tuple[tuple[Automaton, ...], tuple[Automaton,
     return train, heldout
 
 
-def sample_automata(data_cfg: DataConfig) -> tuple[list[Automaton], list[Automaton]]:
+def sample_automata(data_cfg: DataSpec) -> tuple[list[Automaton], list[Automaton]]:
     """(train, held-out) pools of distinct automata, disjoint by canonical form, from data.seed."""
     train, heldout = _pools(RegBenchConfig.parse(data_cfg))
     return list(train), list(heldout)
@@ -233,7 +253,7 @@ def _instances(tables: _PoolTables, automaton: np.ndarray, cfg: RegBenchConfig,
 class TrainStream:
     """Training batches as a pure function of (data.seed, seed, step)."""
 
-    def __init__(self, data_cfg: DataConfig, seed: int, batch_size: int):
+    def __init__(self, data_cfg: DataSpec, seed: int, batch_size: int):
         self.cfg = RegBenchConfig.parse(data_cfg)
         self.seed, self.batch_size = int(seed), int(batch_size)
         self.tables = _PoolTables(_pools(self.cfg)[0])
@@ -258,7 +278,7 @@ class EvalSet:
     valid_next: np.ndarray  # [N, T, 18] bool: symbols the automaton allows next
 
 
-def build_eval_set(automata: Sequence[Automaton], data_cfg: DataConfig, n_instances: int,
+def build_eval_set(automata: Sequence[Automaton], data_cfg: DataSpec, n_instances: int,
                    rng: np.random.Generator) -> EvalSet:
     """Instances of ``automata[i % len(automata)]`` with their exact next-symbol distributions."""
     tables = _PoolTables(tuple(automata))
@@ -282,6 +302,6 @@ def _heldout_set(cfg: RegBenchConfig, n_instances: int) -> EvalSet:
     return build_eval_set(_pools(cfg)[1], cfg, n_instances, np.random.default_rng([cfg.seed, _HELDOUT_STRINGS]))
 
 
-def heldout_set(data_cfg: DataConfig, n_instances: int) -> EvalSet:
+def heldout_set(data_cfg: DataSpec, n_instances: int) -> EvalSet:
     """Deterministic from data.seed; instance i uses held-out automaton i % heldout_automata."""
     return _heldout_set(RegBenchConfig.parse(data_cfg), int(n_instances))

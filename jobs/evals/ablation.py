@@ -22,23 +22,59 @@ to orient the comparison words: a smaller drop means a model leans less on those
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 
-from jobs.checkpoint import load_model
-from jobs.data.fewshot import suite, task_f1
-from jobs.data.regbench import TrainStream
+from common.metrics import CurveSpec, MetricSpec
+from common.settings import setting
+from jobs.contract import JobResult, Progress
+from jobs.data.fewshot import TASKS, suite, task_f1
+from jobs.evals import evaluation
 from jobs.evals.induction import head_table, repeated_sequences, top_heads
 from jobs.evals.regbench import evaluate
 from jobs.interp import head_means, replace_heads
 from jobs.model import Decoder
-from jobs.registry import JobResult, Progress, evaluation
+
+if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
+    from jobs.config import JobConfig
 
 CONDITIONS = {"mean": "", "zero": "_zero", "random": "_random"}  # metric suffixes
+CONDITION_LABELS = {"": "top heads mean-ablated", "_zero": "top heads zero-ablated (control)",
+                    "_random": "random heads mean-ablated (control)"}
 REGBENCH_TASK = "regbench_acc"
+# Drops and rises measure an effect: higher = the model relies more on the ablated heads (the
+# paper's claim for grown and looped models), compared as "higher".
+EFFECT = "higher = relies more on the ablated heads; compared as higher"
+
+
+@dataclass
+class AblationSettings:
+    """eval.ablation: every fraction in one job (eval settings are semantic, so a sweep over
+    `fraction` would retrain); `fraction` gives the headline metrics."""
+    fraction: float = setting(gt=0, le=1)      # headline: the top fraction of head applications ablated
+    fractions: list[float] = setting(gt=0, le=1, nonempty=True)  # the curve
+    prompts: int = setting(gt=0)               # prompts per few-shot task (jobs/data/fewshot.py)
+    reference_batch: int = setting(gt=0)       # training-distribution instances the head means are taken over
+
+
+METRICS = {
+    "fewshot_f1": MetricSpec("few-shot score, clean", higher_is_better=True),
+    "ablation_heads": MetricSpec("heads ablated"),
+    **{f"ablation_drop_f1{suffix}": MetricSpec(f"few-shot drop, {label}", higher_is_better=True, effect=EFFECT)
+       for suffix, label in CONDITION_LABELS.items()},
+    **{f"ablation_tvd_rise{suffix}": MetricSpec(f"held-out TVD rise, {label}", higher_is_better=True, effect=EFFECT)
+       for suffix, label in CONDITION_LABELS.items()},
+    **{f"ablation_drop_{task}": MetricSpec(f"drop on {task}, top heads mean-ablated", higher_is_better=True,
+                                           effect=EFFECT) for task in (*TASKS, REGBENCH_TASK)},
+}
+CURVES = {"ablation_by_fraction": CurveSpec(
+    "Drop by ablated fraction", "table", x="fraction", columns=("heads", "drop_f1", "tvd_rise"),
+    caption="Mean-ablation of the top heads at each fraction of eval.ablation.fractions, mean over seeds.")}
 
 
 def head_count(fraction: float, n_heads: int) -> int:
@@ -49,17 +85,16 @@ def head_count(fraction: float, n_heads: int) -> int:
 class Suite:
     """Per-item scores of the few-shot tasks and held-out RegBench for one model state."""
 
-    def __init__(self, model: Decoder, cfg: dict):
-        settings = cfg["eval"]["ablation"]
+    def __init__(self, model: Decoder, cfg: JobConfig):
         self.model, self.cfg = model, cfg
-        self.tasks = suite(int(settings["prompts"]), int(cfg["data"]["seed"]))
+        self.tasks = suite(cfg.eval.ablation.prompts, cfg.data.seed)
 
     def scores(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], float]:
         """(per-item task scores, their weights summing to 1 per task, held-out TVD)."""
         scores = {task.name: task_f1(self.model, task) for task in self.tasks}
         weights = {name: np.full(len(value), 1 / len(value)) for name, value in scores.items()}
         device = next(self.model.parameters()).device
-        held_out = evaluate(self.cfg["data"], self.cfg["eval"], lambda inputs: self.model(inputs.to(device)))
+        held_out = evaluate(self.cfg.data, self.cfg.eval.regbench, lambda inputs: self.model(inputs.to(device)))
         acc = held_out.items[held_out.items["metric"] == REGBENCH_TASK]
         scores[REGBENCH_TASK] = acc["score"].to_numpy()
         weights[REGBENCH_TASK] = acc["weight"].to_numpy() / acc["weight"].sum()
@@ -70,19 +105,19 @@ def _mean_score(scores: dict[str, np.ndarray], weights: dict[str, np.ndarray]) -
     return float(np.mean([(scores[name] * weights[name]).sum() for name in scores]))
 
 
-def score(model: Decoder, cfg: dict) -> JobResult:
-    settings, seed = cfg["eval"]["ablation"], int(cfg["seed"])
-    induction = cfg["eval"]["induction"]
-    table = head_table(model, repeated_sequences(int(induction["sequences"]), int(induction["length"]), seed))
+def score(model: Decoder, cfg: JobConfig) -> JobResult:
+    settings, seed = cfg.eval.ablation, cfg.seed
+    induction = cfg.eval.induction
+    table = head_table(model, repeated_sequences(induction.sequences, induction.length, seed))
     shape = (len(model.plan), int(table["head"].max()) + 1)
-    reference, _ = TrainStream(cfg["data"], seed, int(settings["reference_batch"])).batch(int(cfg["train"]["steps"]))
+    reference, _ = cfg.data.train_stream(seed, settings.reference_batch).batch(cfg.train.steps)
     means = head_means(model, reference)
     values = {"mean": means, "zero": torch.zeros_like(means), "random": means}
     suite_ = Suite(model, cfg)
     clean, weights, clean_tvd = suite_.scores()
     clean_f1 = _mean_score(clean, weights)
 
-    fractions = sorted(set(map(float, settings["fractions"])) | {float(settings["fraction"])})
+    fractions = sorted(set(settings.fractions) | {settings.fraction})
     order = np.random.default_rng([seed, 6]).permutation(len(table))
     curve: dict[str, list] = {"fraction": fractions, "heads": [], "drop_f1": [], "tvd_rise": []}
     metrics: dict[str, float] = {"fewshot_f1": clean_f1}
@@ -92,7 +127,7 @@ def score(model: Decoder, cfg: dict) -> JobResult:
         curve["heads"].append(count)
         top = top_heads(table, count).index.to_numpy()
         picks = {"mean": top, "zero": top, "random": order[:count]}
-        headline = fraction == float(settings["fraction"])
+        headline = fraction == settings.fraction
         for condition, suffix in CONDITIONS.items() if headline else [("mean", "")]:
             chosen = torch.zeros(shape[0] * shape[1], dtype=torch.bool)
             chosen[torch.as_tensor(picks[condition].copy())] = True  # table rows: (application, head) in order
@@ -115,13 +150,10 @@ def score(model: Decoder, cfg: dict) -> JobResult:
                     "metric": "ablation_drop_f1",
                     "score": np.concatenate([clean[name] - ablated[name] for name in clean]),
                     "weight": np.concatenate([weights[name] for name in clean])})
-    # Few-shot scores: higher is better. Drops and rises: higher = the model relies more on the ablated
-    # heads (the paper's claim for grown and looped models), compared as "higher"; the head count is neither.
-    higher = {name: True for name in metrics if name != "ablation_heads"}
-    return JobResult(metrics=metrics, higher_is_better=higher, curves={"ablation_by_fraction": curve}, items=items)
+    return JobResult(metrics=metrics, curves={"ablation_by_fraction": curve}, items=items)
 
 
-@evaluation("ablation", metrics=("ablation_drop_f1", "ablation_tvd_rise", "fewshot_f1"))
-def ablation(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
+@evaluation("ablation", metrics=METRICS, curves=CURVES, data=("regbench",), settings=AblationSettings)
+def ablation(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the final checkpoint, clean and with heads ablated."""
-    return score(load_model(cfg, run_dir), cfg)
+    return score(cfg.backend.load_model(cfg, run_dir), cfg)

@@ -8,26 +8,61 @@ after removing commas, `$`, everything up to `#### ` and a trailing period, igno
 """
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import pandas as pd
 
+from common.metrics import MetricSpec
+from common.settings import require, setting
 from jobs import tokenizer
-from jobs.checkpoint import load_model
+from jobs.contract import JobResult, Progress
 from jobs.data import arith, gsm8k
+from jobs.evals import evaluation
 from jobs.generate import greedy
 from jobs.model import Decoder
-from jobs.registry import JobResult, Progress, evaluation
+
+if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
+    from jobs.config import JobConfig
 
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 IGNORE = (re.compile(","), re.compile(r"\$"), re.compile(r"(?s).*#### "), re.compile(r"\.$"))
 INVALID = "[invalid]"
-METRICS = ("gsm8k_em_strict", "gsm8k_em_flexible")
+SCORED = ("gsm8k_em_strict", "gsm8k_em_flexible")
+METRICS = {
+    "gsm8k_em_strict": MetricSpec("GSM8K exact match (strict)", higher_is_better=True, headline_for=("arith",),
+                                  confirmatory_for=("arith",)),
+    "gsm8k_em_flexible": MetricSpec("GSM8K exact match (flexible)", higher_is_better=True),
+    "gsm8k_truncated": MetricSpec("GSM8K prompts cut to fit the context", higher_is_better=False),
+}
+
+
+@dataclass
+class Gsm8kSettings:
+    """eval.gsm8k. Problems from `path`: a JSONL file (`{split}` -> train/test), `hub`
+    (`openai/gsm8k` through Hugging Face `datasets`), or null: the arith data's own splits."""
+    n_shots: int = setting(ge=0)
+    shot_seed: int = setting(ge=0, what="a non-negative integer")
+    limit: Optional[int] = setting(ge=1)   # the first N test problems; null = all
+    max_new_tokens: int = setting(ge=1)
+    path: Optional[str] = setting()
+
+    def check(self, run: Any) -> None:
+        if self.path == gsm8k.HUB:
+            require(importlib.util.find_spec("datasets") is not None,
+                    "eval.gsm8k.path=hub: reading openai/gsm8k needs the `datasets` package; install it "
+                    "or give a GSM8K JSONL path")
+        elif self.path is not None:
+            for split in ("train", "test"):
+                path = Path(self.path.replace("{split}", split)).expanduser()
+                require(path.is_file(), f"eval.gsm8k.path={self.path}: {path} is not a file; give a GSM8K "
+                        f"JSONL (use {{split}} for separate train/test files) or null")
 
 
 def extract_strict(text: str) -> str:
@@ -60,25 +95,28 @@ def prompt_text(shots: list[gsm8k.Problem], problem: gsm8k.Problem) -> str:
     return "".join(gsm8k.shot(s) for s in shots) + gsm8k.query(problem)
 
 
-def problems(cfg: Mapping[str, Any]) -> dict[str, list[gsm8k.Problem]]:
+def problems(cfg: JobConfig) -> dict[str, list[gsm8k.Problem]]:
     """Train and test problems from the configured source (see jobs/data/gsm8k.py)."""
-    path = cfg["eval"]["gsm8k"]["path"]
-    if path is None and cfg["data"]["kind"] == "arith":
-        return arith.splits(cfg["data"])
+    path = cfg.eval.gsm8k.path
+    if path is None and isinstance(cfg.data, arith.ArithDataConfig):
+        return arith.splits(cfg.data)
+    if path is None:
+        raise ValueError(f"eval.gsm8k.path=null: data={cfg.data.name} has no problems of its own; give a "
+                         f"GSM8K JSONL path or hub")
     return {split: gsm8k.load_split(path, split) for split in ("train", "test")}
 
 
-def evaluate(model: Decoder, data: Mapping[str, list[gsm8k.Problem]], settings: Mapping[str, Any]) -> JobResult:
+def evaluate(model: Decoder, data: Mapping[str, list[gsm8k.Problem]], settings: Gsm8kSettings) -> JobResult:
     """Generate for the first `limit` test problems (all when null) and score them."""
     train, test = data["train"], data["test"]
-    n_shots, max_new = int(settings["n_shots"]), int(settings["max_new_tokens"])
+    n_shots, max_new = settings.n_shots, settings.max_new_tokens
     if len(train) < n_shots:
         raise ValueError(f"eval.gsm8k.n_shots={n_shots}: the train split has only {len(train)} problems")
-    test = test if settings["limit"] is None else test[:int(settings["limit"])]
+    test = test if settings.limit is None else test[:settings.limit]
     keep = model.rope_cos.shape[0] - max_new  # prompt tokens that leave room to answer
     rows = []
     for index, problem in enumerate(test):
-        rng = np.random.default_rng([int(settings["shot_seed"]), index])
+        rng = np.random.default_rng([settings.shot_seed, index])
         shots = [train[i] for i in rng.choice(len(train), size=n_shots, replace=False)]
         ids = tokenizer.encode(prompt_text(shots, problem), bos=True)
         truncated = len(ids) > keep
@@ -92,18 +130,17 @@ def evaluate(model: Decoder, data: Mapping[str, list[gsm8k.Problem]], settings: 
                      "gsm8k_em_strict": float(exact_match(strict, problem["answer"])),
                      "gsm8k_em_flexible": float(exact_match(flexible, problem["answer"]))})
     frame = pd.DataFrame(rows)
-    items = frame.melt(id_vars=[c for c in frame.columns if c not in METRICS], value_vars=list(METRICS),
+    items = frame.melt(id_vars=[c for c in frame.columns if c not in SCORED], value_vars=list(SCORED),
                        var_name="metric", value_name="score").assign(weight=1.0)
     first = ["item_id", "metric", "score", "weight"]
     items = items[first + [c for c in items.columns if c not in first]]
-    metrics = {name: float(frame[name].mean()) for name in METRICS}
+    metrics = {name: float(frame[name].mean()) for name in SCORED}
     metrics["gsm8k_truncated"] = float(frame["truncated"].mean())
-    return JobResult(metrics=metrics, higher_is_better={name: True for name in METRICS} | {"gsm8k_truncated": False},
-                     items=items)
+    return JobResult(metrics=metrics, items=items)
 
 
-@evaluation("gsm8k", metrics=METRICS, data=("arith",))
-def gsm8k_job(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
+@evaluation("gsm8k", metrics=METRICS, data=("arith",), settings=Gsm8kSettings)
+def gsm8k_job(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's final checkpoint, n_shots-shot exact match."""
-    model = load_model(cfg, run_dir)
-    return evaluate(model, problems(cfg), cfg["eval"]["gsm8k"])
+    model = cfg.backend.load_model(cfg, run_dir)
+    return evaluate(model, problems(cfg), cfg.eval.gsm8k)

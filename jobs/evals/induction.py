@@ -8,21 +8,63 @@ second copy. Heads are scored per application (a looped block's head once per lo
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from jobs.checkpoint import load_model
+from common.metrics import CurveSpec, MetricSpec
+from common.settings import require, setting
+from jobs.contract import JobResult, Progress
 from jobs.data.regbench import N_SYMBOLS, SEP
+from jobs.evals import evaluation
 from jobs.interp import attention_patterns, induction_scores
 from jobs.model import Decoder
-from jobs.registry import JobResult, Progress, evaluation
+
+if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
+    from jobs.config import JobConfig
 
 _EXACT_LIMIT = 200_000  # enumerate every top-k set up to this many, else sample
 _DRAWS = 20_000
+
+
+@dataclass
+class InductionSettings:
+    """eval.induction: prefix-matching scores and, for a grown model, ancestry concentration."""
+    sequences: int = setting(gt=0)    # repeated random sequences scored
+    length: int = setting(ge=1, le=N_SYMBOLS)  # distinct symbols per copy
+    top_k: int = setting(gt=0)        # heads counted as "top" (induction_topk_mean, ancestry)
+    ancestors_m: int = setting(gt=0)  # ancestry: top-k heads descending from the best m ancestor heads
+
+    def check(self, run: Any) -> None:
+        require(2 * self.length + 2 <= run.model.max_seq_len,
+                f"eval.induction.length={self.length}: must fit twice (plus 2 separators) in "
+                f"model.max_seq_len={run.model.max_seq_len}")
+
+
+METRICS = {
+    "induction_max": MetricSpec("best induction-head score", higher_is_better=True),
+    "induction_topk_mean": MetricSpec("mean score of the top induction heads", higher_is_better=True),
+    "induction_mean": MetricSpec("mean induction score over all heads", higher_is_better=True),
+    "induction_iter_mean_max": MetricSpec("best head's score averaged over its applications", higher_is_better=True),
+    "ancestry_top_in_best": MetricSpec("top induction heads from the best ancestors (grown models)",
+                                       higher_is_better=True),
+    "ancestry_chance": MetricSpec("top heads from the best ancestors, by chance (grown models)"),
+    # of the top-k heads, how many descend from their m most common ancestor heads of the initial
+    # network, against top-k sets drawn uniformly from all heads (exact p)
+    "ancestry_p": MetricSpec("ancestry concentration p (grown models)", p_value=True,
+                             companions=("ancestry_top_in_best", "ancestry_chance")),
+}
+CURVES = {"induction_heads": CurveSpec(
+    "Induction heads", "ranking", y="score", top=3, row="{label} {score:.4g}",
+    caption="Top heads per run by prefix-matching score (attention mass from the second copy of a"
+            " repeated random sequence onto the token after the earlier occurrence; 1 = a perfect"
+            " induction head). A looped block's heads are scored per application (it), a grown"
+            " model's heads name the initial layer they descend from.")}
 
 
 def repeated_sequences(n: int, length: int, seed: int) -> torch.Tensor:
@@ -40,11 +82,25 @@ def head_table(model: Decoder, tokens: torch.Tensor) -> pd.DataFrame:
     plan = model.plan
     iteration = [plan[:step].count(layer) for step, layer in enumerate(plan)]
     heads = scores.shape[1]
-    return pd.DataFrame({"application": np.repeat(np.arange(len(plan)), heads),
-                         "layer": np.repeat(plan, heads), "iteration": np.repeat(iteration, heads),
-                         "head": np.tile(np.arange(heads), len(plan)),
-                         "ancestor": np.repeat([model.ancestors[i] for i in plan], heads),
-                         "score": scores.ravel().astype(float)})
+    table = pd.DataFrame({"application": np.repeat(np.arange(len(plan)), heads),
+                          "layer": np.repeat(plan, heads), "iteration": np.repeat(iteration, heads),
+                          "head": np.tile(np.arange(heads), len(plan)),
+                          "ancestor": np.repeat([model.ancestors[i] for i in plan], heads),
+                          "score": scores.ravel().astype(float)})
+    return table.assign(label=head_labels(table))
+
+
+def head_labels(table: pd.DataFrame) -> list[str]:
+    """Each head as the report names it: `L<layer>.H<head>`, with `it<i>` for the applications of
+    a looped block and `(from L<ancestor>)` for the heads of a network that grew."""
+    looped, grown = table["iteration"].max() > 0, bool((table["ancestor"] != table["layer"]).any())
+    return [f"L{r.layer}.H{r.head}" + (f" it{r.iteration}" if looped else "")
+            + (f" (from L{r.ancestor})" if grown else "") for r in table.itertuples()]
+
+
+def _grown(model: Decoder) -> bool:
+    """Whether some layers were copied from others (a LIDAS network that grew)."""
+    return len(set(model.ancestors)) < len(model.ancestors)
 
 
 def top_heads(table: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -69,30 +125,27 @@ def concentration_test(groups: np.ndarray, chosen: np.ndarray, m: int, seed: int
     return observed, float(null.mean()), float((1 + (null >= observed).sum()) / (1 + _DRAWS))
 
 
-def score(model: Decoder, cfg: dict) -> JobResult:
-    settings = cfg["eval"]["induction"]
-    k = min(int(settings["top_k"]), len(model.plan) * model.layers[0].attn.n_heads)
-    tokens = repeated_sequences(int(settings["sequences"]), int(settings["length"]), int(cfg["seed"]))
+def score(model: Decoder, cfg: JobConfig) -> JobResult:
+    settings = cfg.eval.induction
+    k = min(settings.top_k, len(model.plan) * model.layers[0].attn.n_heads)
+    tokens = repeated_sequences(settings.sequences, settings.length, cfg.seed)
     table = head_table(model, tokens)
     top = top_heads(table, k)
     by_head = table.groupby(["layer", "head"])["score"]
     metrics = {"induction_max": float(table["score"].max()), "induction_topk_mean": float(top["score"].mean()),
                "induction_mean": float(table["score"].mean()),
                "induction_iter_mean_max": float(by_head.mean().max())}
-    higher = dict.fromkeys(metrics, True)
-    if cfg["family"]["name"] == "lidas":
+    if _grown(model):
         ancestor_head = table["ancestor"].to_numpy() * (table["head"].max() + 1) + table["head"].to_numpy()
-        stat, chance, p = concentration_test(ancestor_head, top.index.to_numpy(), int(settings["ancestors_m"]),
-                                             int(cfg["seed"]))
+        stat, chance, p = concentration_test(ancestor_head, top.index.to_numpy(), settings.ancestors_m, cfg.seed)
         metrics |= {"ancestry_top_in_best": float(stat), "ancestry_chance": chance, "ancestry_p": p}
-        higher["ancestry_top_in_best"] = True
     curve = {column: table[column].tolist() for column in table.columns}
     items = pd.DataFrame({"item_id": table["application"].astype(str) + "." + table["head"].astype(str),
                           "metric": "induction_head_score", "score": table["score"], "weight": 1.0})
-    return JobResult(metrics=metrics, higher_is_better=higher, curves={"induction_heads": curve}, items=items)
+    return JobResult(metrics=metrics, curves={"induction_heads": curve}, items=items)
 
 
-@evaluation("induction", metrics=("induction_max", "induction_topk_mean", "ancestry_top_in_best"))
-def induction(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
+@evaluation("induction", metrics=METRICS, curves=CURVES, data=("regbench",), settings=InductionSettings)
+def induction(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the final checkpoint's heads on repeated random sequences."""
-    return score(load_model(cfg, run_dir), cfg)
+    return score(cfg.backend.load_model(cfg, run_dir), cfg)

@@ -1,10 +1,18 @@
 """An evaluation that does no work: it measures the orchestration path alone (bench/) and lets
-scheduler tests run thousands of jobs in seconds."""
+executor tests run thousands of jobs in seconds."""
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..registry import JobResult, Progress, evaluation
+from common.metrics import MetricSpec
+from jobs.contract import JobResult, Progress
+from jobs.evals import evaluation
+
+if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
+    from jobs.config import JobConfig
 
 
-@evaluation("noop", metrics=("noop",), data=("regbench", "arith"))
-def noop(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
-    return JobResult(metrics={"noop": 1.0}, higher_is_better={"noop": True})
+@evaluation("noop", metrics={"noop": MetricSpec("no-op", higher_is_better=True)}, data=())
+def noop(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
+    return JobResult(metrics={"noop": 1.0})

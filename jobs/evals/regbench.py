@@ -7,22 +7,58 @@ learning; ``ngram2``/``ngram3`` show what counting short contexts already achiev
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 
-from jobs.checkpoint import load_model
-from jobs.data.regbench import N_SYMBOLS, SEP, VOCAB, DataConfig, EvalSet, RegBenchConfig, heldout_set
-from jobs.registry import JobResult, Progress, evaluation
+from common.metrics import CurveSpec, MetricSpec
+from common.settings import setting
+from jobs.contract import JobResult, Progress
+from jobs.data.regbench import N_SYMBOLS, SEP, VOCAB, DataSpec, EvalSet, RegBenchConfig, heldout_set
+from jobs.evals import evaluation
+
+if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
+    from jobs.config import JobConfig
 
 NGRAM_ORDERS = (1, 2, 3)
 _NGRAM_BATCH = 50  # instances per chunk of n-gram counting (bounds memory only)
 ITEM_METRICS = ("regbench_tvd", "regbench_l1_ref", "regbench_acc") + tuple(f"ngram{n}_tvd" for n in NGRAM_ORDERS)
+NGRAM_NAMES = {1: "in-context unigram", 2: "in-context bigram", 3: "in-context trigram"}
+SCORES = {"tvd": ("TVD", False), "l1_ref": ("L1 (reference-code convention)", False), "acc": ("accuracy", True)}
+
+
+@dataclass
+class RegBenchSettings:
+    """eval.regbench: the held-out instances scored (one per held-out automaton, cycled)."""
+    instances: int = setting(gt=0)
+    ngram_alpha: float = setting(gt=0)  # add-alpha smoothing of the in-context n-gram estimators
+    batch_size: int = setting(gt=0)
+
+
+METRICS = {
+    "regbench_tvd": MetricSpec("RegBench TVD", higher_is_better=False, headline_for=("regbench",),
+                               confirmatory_for=("regbench",),
+                               references=tuple(f"ngram{n}_tvd" for n in NGRAM_ORDERS),
+                               below_first="it learned no in-context learning"),
+    "regbench_l1_ref": MetricSpec("RegBench L1 (reference-code convention)", higher_is_better=False),
+    "regbench_acc": MetricSpec("RegBench accuracy", higher_is_better=True),
+    **{f"ngram{n}_{score}": MetricSpec(NGRAM_NAMES[n] + ("" if score == "tvd" else f" ({label})"),
+                                       higher_is_better=higher, reference=True)
+       for n in NGRAM_ORDERS for score, (label, higher) in SCORES.items()},
+}
+CURVES = {"tvd_by_context": CurveSpec(
+    "RegBench TVD by number of in-context strings", "line", x="n_context_strings",
+    x_label="strings of the instance's language already in the context", y="regbench_tvd",
+    references=tuple(f"ngram{n}_tvd" for n in NGRAM_ORDERS), count="n_positions",
+    caption="Per family, mean over seeds with band: min-max over seeds; dashed and dotted: the in-context"
+            " n-gram estimators on the same positions; below: positions evaluated per point (few at the"
+            " right end, which is therefore noisy).")}
 
 
 def position_scores(p_symbols: np.ndarray, p_vocab: np.ndarray, ref: np.ndarray,
@@ -136,27 +172,26 @@ def _summaries(scores: dict[str, np.ndarray], eval_set: EvalSet) -> JobResult:
                           "metric": np.repeat(ITEM_METRICS, len(weight)),
                           "score": np.concatenate(per_item),
                           "weight": np.tile(weight, len(ITEM_METRICS))})
-    return JobResult(metrics=metrics, higher_is_better={name: name.endswith("_acc") for name in metrics},
-                      curves={"tvd_by_context": curve}, items=items)
+    return JobResult(metrics=metrics, curves={"tvd_by_context": curve}, items=items)
 
 
-def evaluate(data_cfg: DataConfig, eval_cfg: Mapping[str, Any],
+def evaluate(data_cfg: DataSpec, settings: RegBenchSettings,
              logits_fn: Callable[[torch.Tensor], torch.Tensor]) -> JobResult:
     """Score ``logits_fn`` on the held-out set: it maps CPU LongTensor inputs ``[B, T]``
     to logits ``[B, T, 20]`` (any device/dtype) and is called under ``torch.no_grad()``."""
-    cfg, settings = RegBenchConfig.parse(data_cfg), eval_cfg["regbench"]
-    n_instances, batch_size = int(settings["instances"]), int(settings["batch_size"])
+    cfg = RegBenchConfig.parse(data_cfg)
+    n_instances, batch_size = settings.instances, settings.batch_size
     eval_set = heldout_set(cfg, n_instances)
     with torch.no_grad():
         scores = _scores_in_batches(eval_set, batch_size, lambda inputs, ref, allowed: _model_scores(
             logits_fn(torch.from_numpy(inputs.copy())), ref, allowed))
-    scores |= _reference_scores(cfg, n_instances, float(settings["ngram_alpha"]))
+    scores |= _reference_scores(cfg, n_instances, settings.ngram_alpha)
     return _summaries(scores, eval_set)
 
 
-@evaluation("regbench", metrics=("regbench_tvd", "regbench_l1_ref", "regbench_acc"))
-def regbench(cfg: dict, run_dir: Path, progress: Progress) -> JobResult:
+@evaluation("regbench", metrics=METRICS, curves=CURVES, data=("regbench",), settings=RegBenchSettings)
+def regbench(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's final checkpoint on the held-out automata."""
-    model = load_model(cfg, run_dir)
+    model = cfg.backend.load_model(cfg, run_dir)
     device = next(model.parameters()).device
-    return evaluate(cfg["data"], cfg["eval"], lambda inputs: model(inputs.to(device)))
+    return evaluate(cfg.data, cfg.eval.regbench, lambda inputs: model(inputs.to(device)))

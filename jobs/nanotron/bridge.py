@@ -16,20 +16,23 @@ Reading merges shards of any tp/pp split; writing produces tp = pp = 1. Nothing 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from jobs.families import build_model, growth_sources, stage_schedule
-from jobs.model import Decoder
+from common.atomic import write_text
+from jobs.families import build_model
+from jobs.model import Decoder, ModelConfig
 from jobs.nanotron.render import model_config, stage_dir
+
+if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
+    from jobs.config import JobConfig
 
 CHECKPOINT_VERSION = "1.5"  # nanotron's CHECKPOINT_VERSION at the pinned commit
 SHARD = re.compile(r"_pp-rank-(\d+)-of-(\d+)_tp-rank-(\d+)-of-(\d+)")
@@ -64,13 +67,19 @@ def tensor_path(model_dir: Path, name: str, split_dim: Optional[int]) -> Path:
 
 
 def _slices_text(chunks: list[int], shape: tuple[int, ...], split_dim: int) -> str:
-    """nanotron's slice header of an unsplit tensor (tp = 1): one local=global pair per fused
-    chunk, 'start,stop,step' per dimension, '|' between dimensions, '#' local/global, ';' pairs."""
+    """nanotron's slice header of an unsplit tensor (tp = 1), as its own
+    create_sharded_parameter_from_config writes it: 'start,stop,step' per dimension, '|' between
+    dimensions, '#' between local and global, ';' between pairs. A fused tensor (q|k|v,
+    gate|up) has one pair per chunk, local = global; any other one pair whose local side is
+    the whole tensor (None,None,None in every dimension)."""
+    def dims(start: Optional[int], stop: Optional[int]) -> str:
+        return "|".join(f"{start},{stop},None" if d == split_dim else "None,None,None"
+                        for d in range(len(shape)))
+    if len(chunks) == 1:
+        return dims(None, None) + "#" + dims(0, chunks[0])
     pairs, start = [], 0
     for size in chunks:
-        dims = [f"{start},{start + size},None" if d == split_dim else "None,None,None"
-                for d in range(len(shape))]
-        pairs.append("|".join(dims) + "#" + "|".join(dims))
+        pairs.append(dims(start, start + size) + "#" + dims(start, start + size))
         start += size
     return ";".join(pairs)
 
@@ -89,6 +98,13 @@ def write_tensor(model_dir: Path, name: str, tensor: Tensor, split_dim: Optional
 
 def _parse_slice(text: str) -> slice:
     return slice(*(None if x == "None" else int(x) for x in text.split(",")))
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """nanotron's unsharded_shape header: '(64, 32)', or '(np.int64(64), 32)' as nanotron writes
+    a fused tensor's under numpy >= 2 (its own reader accepts both)."""
+    return tuple(int(re.sub(r"^np\.int\d*\((\d+)\)$", r"\1", x.strip()))
+                 for x in text.strip().removeprefix("(").removesuffix(")").split(",") if x.strip())
 
 
 def read_tensors(model_dir: Path) -> dict[str, Tensor]:
@@ -110,7 +126,7 @@ def read_tensors(model_dir: Path) -> dict[str, Tensor]:
             if "local_global_slices_pairs" not in header:
                 full = data
                 continue
-            shape = tuple(int(x) for x in header["unsharded_shape"].strip("()").split(",") if x.strip())
+            shape = _shape(header["unsharded_shape"])
             full = torch.empty(shape, dtype=data.dtype) if full is None else full
             for pair in header["local_global_slices_pairs"].split(";"):
                 local, glob = (tuple(map(_parse_slice, side.split("|"))) for side in pair.split("#"))
@@ -122,15 +138,15 @@ def read_tensors(model_dir: Path) -> dict[str, Tensor]:
 # ---------------------------------------------------------------------------------------------
 # Torch model <-> nanotron names
 
-def _fused_rows(model_cfg: Mapping) -> dict[str, list[int]]:
-    head_dim = model_cfg["d_model"] // model_cfg["n_heads"]
-    return {"attn.qkv_proj.weight": [model_cfg["n_heads"] * head_dim,
-                                     model_cfg["n_kv_heads"] * head_dim,
-                                     model_cfg["n_kv_heads"] * head_dim],
-            "mlp.gate_up_proj.weight": [model_cfg["d_ff"], model_cfg["d_ff"]]}
+def _fused_rows(model_cfg: ModelConfig) -> dict[str, list[int]]:
+    head_dim = model_cfg.d_model // model_cfg.n_heads
+    return {"attn.qkv_proj.weight": [model_cfg.n_heads * head_dim,
+                                     model_cfg.n_kv_heads * head_dim,
+                                     model_cfg.n_kv_heads * head_dim],
+            "mlp.gate_up_proj.weight": [model_cfg.d_ff, model_cfg.d_ff]}
 
 
-def split_of(name: str, tensor: Tensor, model_cfg: Mapping) -> tuple[Optional[int], list[int]]:
+def split_of(name: str, tensor: Tensor, model_cfg: ModelConfig) -> tuple[Optional[int], list[int]]:
     """(dimension tensor parallelism splits, fused chunk sizes along it) of nanotron tensor `name`."""
     if name == FINAL_NORM:
         return None, []
@@ -155,7 +171,7 @@ def to_nanotron(model: Decoder) -> dict[str, Tensor]:
     return out
 
 
-def to_torch(tensors: Mapping[str, Tensor], model_cfg: Mapping) -> dict[str, Tensor]:
+def to_torch(tensors: Mapping[str, Tensor], model_cfg: ModelConfig) -> dict[str, Tensor]:
     """The torch model's state dict from nanotron's tensors (float32, as the torch model trains)."""
     rows = _fused_rows(model_cfg)
     state = {"embed.weight": tensors[EMBED], "norm.weight": tensors[FINAL_NORM],
@@ -189,55 +205,50 @@ def read_metadata(step_dir: Path) -> dict:
     return json.loads((Path(step_dir) / "checkpoint_metadata.json").read_text())
 
 
-def write_step(checkpoints_path: Path, step: int, tensors: Mapping[str, Tensor], model_cfg: Mapping,
+def write_step(checkpoints_path: Path, step: int, tensors: Mapping[str, Tensor], model_cfg: ModelConfig,
                model_cfg_doc: dict, metadata: dict, config_yaml: Optional[str] = None) -> Path:
     """Write <step>/ (tensors, model_config.json, checkpoint_metadata.json, config.yaml), then
-    latest.txt last through a rename, so a reader never sees latest.txt before the step is whole."""
+    latest.txt last, atomically, so a reader never sees latest.txt before the step is whole."""
     step_dir = Path(checkpoints_path) / str(step)
     for name, tensor in tensors.items():
         write_tensor(step_dir / "model", name, tensor, *split_of(name, tensor, model_cfg))
-    (step_dir / "model_config.json").write_text(json.dumps(model_cfg_doc, indent=2, sort_keys=True))
+    write_text(step_dir / "model_config.json", json.dumps(model_cfg_doc, indent=2, sort_keys=True))
     if config_yaml is not None:
-        (step_dir / "config.yaml").write_text(config_yaml)
-    (step_dir / "checkpoint_metadata.json").write_text(json.dumps(metadata, indent=2, sort_keys=True))
-    temp = Path(checkpoints_path) / ".latest.txt.tmp"
-    temp.write_text(str(step))
-    os.replace(temp, Path(checkpoints_path) / "latest.txt")
+        write_text(step_dir / "config.yaml", config_yaml)
+    write_text(step_dir / "checkpoint_metadata.json", json.dumps(metadata, indent=2, sort_keys=True))
+    write_text(Path(checkpoints_path) / "latest.txt", str(step))
     return step_dir
 
 
 def training_metadata(step: int, samples: int, seq_len: int, **custom) -> dict:
-    """checkpoint_metadata.json of a tp = dp = cp = 1 checkpoint after `step` steps."""
+    """checkpoint_metadata.json of a tp = dp = cp = 1 checkpoint after `step` steps. nanotron's
+    load_meta requires consumed_tokens_total to equal the sum of the per-dataset-folder token
+    counts, which are not known here (they key nanoset folders): null, which nanotron fills in
+    from that sum. The data position that resuming uses is consumed_train_samples."""
     return {"version": CHECKPOINT_VERSION, "tp": 1, "dp": 1, "cp": 1,
             "custom_metas": custom or None,
             "metas": {"consumed_train_samples": samples, "last_train_step": step,
-                      "consumed_tokens_total": samples * seq_len, "last_stage_idx": 0,
+                      "consumed_tokens_total": None, "last_stage_idx": 0,
                       "data_stages": [{"name": "train", "start_training_step": 1,
                                        "consumed_train_samples": samples, "sequence_length": seq_len,
                                        "consumed_tokens_per_dataset_folder": {}}]}}
 
 
-def export(model: Decoder, cfg: Mapping, checkpoints_path: Path, step: int) -> Path:
+def export(model: Decoder, cfg: JobConfig, checkpoints_path: Path, step: int) -> Path:
     """A torch model as nanotron checkpoint `step` (tp = pp = 1), with its ancestry recorded."""
-    m = cfg["model"]
-    samples = step * cfg["train"]["batch_size"]
-    meta = training_metadata(step, samples, m["max_seq_len"], ancestors=list(model.ancestors))
-    return write_step(checkpoints_path, step, to_nanotron(model), m,
+    samples = step * cfg.train.batch_size
+    meta = training_metadata(step, samples, cfg.model.max_seq_len, ancestors=list(model.ancestors))
+    return write_step(checkpoints_path, step, to_nanotron(model), cfg.model,
                       model_config(cfg, len(model.layers)), meta)
 
 
-def ancestors_at(cfg: Mapping, n_layers: int) -> list[int]:
-    """The ancestry of a LIDAS network of depth n_layers: the growth operator applied stage by
-    stage from the initial layers (the same as jobs/families.grow builds in-process)."""
-    depths = [s.n_layers for s in stage_schedule(cfg)]
-    ancestors = list(range(depths[0]))
-    block = cfg["family"]["growth"]["block_layers"] if cfg["family"]["name"] == "lidas" else 0
-    while len(ancestors) < n_layers and block:
-        ancestors = [ancestors[i] for i in growth_sources(len(ancestors), block)]
-    return ancestors
+def ancestors_at(cfg: JobConfig, n_layers: int) -> list[int]:
+    """The ancestry of the family's network at depth n_layers (for LIDAS: the growth operator
+    applied stage by stage from the initial layers, as the torch backend grows in-process)."""
+    return cfg.family.ancestors(cfg.model, cfg.train.steps, n_layers)
 
 
-def import_model(cfg: Mapping, checkpoints_path: Path, step: Optional[int] = None) -> Decoder:
+def import_model(cfg: JobConfig, checkpoints_path: Path, step: Optional[int] = None) -> Decoder:
     """The torch model of nanotron checkpoint `step` (default: the last completed one)."""
     step = completed_step(checkpoints_path) if step is None else step
     if step is None:
@@ -255,18 +266,19 @@ def import_model(cfg: Mapping, checkpoints_path: Path, step: Optional[int] = Non
         raise CheckpointError(f"{step_dir}: model_config differs from the run's model in {differ}")
     custom = read_metadata(step_dir).get("custom_metas") or {}
     ancestors = custom.get("ancestors") or ancestors_at(cfg, n_layers)
-    model = build_model(cfg, ancestors) if cfg["family"]["name"] == "lidas" else build_model(cfg)
+    model = build_model(cfg.family, cfg.model, ancestors)
     if len(model.layers) != n_layers:
         raise CheckpointError(f"{step_dir}: {n_layers} layers, the run's model has {len(model.layers)}")
-    model.load_state_dict(to_torch(read_tensors(step_dir / "model"), cfg["model"]))
+    model.load_state_dict(to_torch(read_tensors(step_dir / "model"), cfg.model))
     return model
 
 
-def final_model(cfg: Mapping, run_dir: Path) -> Decoder:
+def final_model(cfg: JobConfig, run_dir: Path) -> Decoder:
     """The finished nanotron run's torch model (what its evaluations load); refuses a run whose
     last stage has not saved step train.steps."""
-    last = stage_dir(run_dir, len(stage_schedule(cfg)) - 1) / "checkpoints"
-    step, steps = completed_step(last), cfg["train"]["steps"]
+    steps = cfg.train.steps
+    last = stage_dir(run_dir, len(cfg.family.stages(cfg.model, steps)) - 1) / "checkpoints"
+    step = completed_step(last)
     if step != steps:
         raise FileNotFoundError(f"{run_dir} has no final nanotron checkpoint (step {steps} in "
                                 f"{last}); found {'none' if step is None else f'step {step}'}")

@@ -1,12 +1,16 @@
 """The project's typed schema of nanotron's YAML config (git main at NANOTRON_COMMIT).
 
-nanotron parses its YAML with dacite into dataclasses, but a wrong key or type inside
-`model_config` silently becomes a plain dict there. This schema covers every section and field
-this project renders, types each one, refuses unknown and missing keys, and checks the products
-nanotron asserts at start-up (dp x tp x pp = world size, heads divisible by tp, ...), so a bad
-render fails here, on a CPU, before any GPU job is queued. Field names follow nanotron's own
-dataclasses (src/nanotron/config/{config,models_config,parallelism_config}.py); the
-optional test in tests/test_nanotron_render.py checks them against nanotron itself.
+nanotron parses its YAML with dacite into dataclasses (strict: unknown keys fail), but a
+`model_config` that dacite cannot type falls back to a plain dict that nanotron then passes to
+Qwen2Config(**dict) unchecked: a string where an int belongs is accepted there and fails (or
+misbehaves) only on the GPUs. This schema covers every section and field this project renders,
+types each one, refuses unknown and missing keys, and checks what nanotron checks only at start-up
+(dp x tp x pp = world size) or not at all (the optimizer's name against its settings), so a bad
+render fails here, on a CPU, before any GPU job is queued, with the key in the message. Field
+names follow nanotron's own dataclasses (src/nanotron/config/{config,models_config,
+parallelism_config}.py). tests/test_nanotron_loader.py runs nanotron's own loader on every
+rendered stage and on mutated ones: this schema never accepts what nanotron refuses, and each
+thing it refuses that nanotron's loader accepts is listed there with the reason.
 """
 from __future__ import annotations
 
@@ -19,6 +23,16 @@ NANOTRON_COMMIT = "2411b022a75fb7f7561a1bb4166706da5e1b76de"  # huggingface/nano
 # A checkout, not just the package: the job runs its run_train.py (backend.nanotron.run_train).
 INSTALL_LINE = (f"git clone https://github.com/huggingface/nanotron && git -C nanotron checkout "
                 f"{NANOTRON_COMMIT} && pip install -e ./nanotron")
+
+
+# nanotron's _attn_implementation values this project renders (backend.nanotron.attn_implementation);
+# nanotron also knows ring, ring_flash_triton and llama3_ring_attention (context parallelism, not
+# rendered here). Caution: at the pinned commit, Qwen2Attention.forward takes the packed-qkv path
+# (_use_qkv_packed, default true; the other branch is commented out) and calls
+# flash_attn_varlen_kvpacked_func whatever this says, so sdpa does not make nanotron run without
+# flash-attn there (tests/test_nanotron_checkpoints.py pins this fact).
+ATTN_IMPLEMENTATIONS = ("flash_attention_2", "sdpa", "flex_attention")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
 
 
 class SchemaError(ValueError):
@@ -218,7 +232,9 @@ CHOICES = {
     "parallelism.tp_mode": ("ALL_REDUCE", "REDUCE_SCATTER"),
     "model.dtype": ("bfloat16", "float32", "float16"),
     "model.init_method.scaling_method": ("NONE", "NUM_LAYERS", "LAYER_INDEX", "MODEL_SCALE"),
-    "model.model_config._attn_implementation": ("flash_attention_2",),
+    "model.model_config._attn_implementation": ATTN_IMPLEMENTATIONS,
+    "logging.log_level": LOG_LEVELS,
+    "logging.log_level_replica": LOG_LEVELS,
     "optimizer.learning_rate_scheduler.lr_warmup_style": ("linear", "constant"),
     "optimizer.learning_rate_scheduler.lr_decay_style": ("linear", "cosine", "1-sqrt"),
     "optimizer.optimizer_factory.name": ("adamW",),
@@ -301,6 +317,10 @@ def validate(doc: dict, world_size: int) -> None:
              "data_stages: the first stage must start at training step 1")
     for stage in stages:
         ds = stage["data"]["dataset"] or {}
+        weights = ds.get("dataset_weights")
+        _require(weights is None or len(weights) == len(ds["dataset_folder"]),
+                 f"data_stages[{stage['name']}]: {len(weights or [])} dataset_weights for "
+                 f"{len(ds.get('dataset_folder') or [])} dataset_folder entries")
         if "vocab_size" in ds:
             _require(ds["vocab_size"] == mc["vocab_size"] and
                      ds["tokenizer_name"] == doc["tokenizer"]["tokenizer_name_or_path"],

@@ -13,14 +13,17 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from torch import Tensor
 
-from jobs.families import growth_sources
+from jobs.families.lidas import LidasConfig, growth_sources
 from jobs.nanotron.bridge import (LAYER, CheckpointError, ancestors_at, completed_step,
                                   read_metadata, read_tensors, write_step)
 from jobs.nanotron.render import model_config
+
+if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
+    from jobs.config import JobConfig
 
 CARRIED = ("lr_scheduler", "random")  # copied file for file: the schedule and RNG continue
 
@@ -43,14 +46,16 @@ def grow_tensors(tensors: Mapping[str, Tensor], block: int) -> dict[str, Tensor]
     return out
 
 
-def grow_checkpoint(cfg: Mapping, source: Path, target: Path, config_yaml: Optional[str] = None) -> int:
+def grow_checkpoint(cfg: JobConfig, source: Path, target: Path, config_yaml: Optional[str] = None) -> int:
     """Grow the last completed checkpoint of folder `source` into folder `target` (same step);
     returns the step. `config_yaml` is the next stage's rendered config, kept with it."""
     step = completed_step(source)
     if step is None:
         raise CheckpointError(f"{source}: no completed nanotron checkpoint to grow")
     step_dir = Path(source) / str(step)
-    block = cfg["family"]["growth"]["block_layers"]
+    if not isinstance(cfg.family, LidasConfig):
+        raise CheckpointError(f"family={cfg.family.name} does not grow; only lidas runs have stages to grow between")
+    block = cfg.family.growth.block_layers
     tensors = read_tensors(step_dir / "model")
     n_old = sum(1 for name in tensors if name.endswith("input_layernorm.weight"))
     grown = grow_tensors(tensors, block)
@@ -66,5 +71,5 @@ def grow_checkpoint(cfg: Mapping, source: Path, target: Path, config_yaml: Optio
     for folder in CARRIED:
         if (step_dir / folder).is_dir():
             shutil.copytree(step_dir / folder, Path(target) / str(step) / folder)
-    write_step(target, step, grown, cfg["model"], model_config(cfg, n_layers), metadata, config_yaml)
+    write_step(target, step, grown, cfg.model, model_config(cfg, n_layers), metadata, config_yaml)
     return step

@@ -15,15 +15,22 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
+import pandas as pd
+
+from common.atomic import write_text
 from jobs import launch
-from jobs.families import stage_schedule
+from jobs.contract import JobResult
 from jobs.nanotron import render
 from jobs.nanotron.bridge import ancestors_at, completed_step
 from jobs.nanotron.surgery import grow_checkpoint
+from jobs.train import final_loss
+
+if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
+    from jobs.config import JobConfig
 
 # nanotron's per-iteration line: "iteration: 12 / 100 | ... | lm_loss: 3.41 | lr: 0.003 | ..."
 ITERATION = re.compile(r"iteration: (\d+) / (\d+) \|(.*)")
@@ -44,10 +51,10 @@ def parse_iteration(line: str) -> Optional[dict]:
     return row
 
 
-def stage_start(cfg: Mapping, run_dir: Path, index: int) -> Optional[tuple[Optional[Path], bool]]:
+def stage_start(cfg: JobConfig, run_dir: Path, index: int) -> Optional[tuple[Optional[Path], bool]]:
     """Where stage `index` starts: None when it is done, else (checkpoints folder to resume
     from or None for scratch, whether to load the optimizer state found there)."""
-    stage = stage_schedule(cfg)[index]
+    stage = render.stages(cfg)[index]
     own = render.stage_dir(run_dir, index) / "checkpoints"
     done = completed_step(own)
     if done is not None and done >= stage.end_step:
@@ -59,9 +66,9 @@ def stage_start(cfg: Mapping, run_dir: Path, index: int) -> Optional[tuple[Optio
     return render.stage_dir(run_dir, index) / "grown", False
 
 
-def _prepare(cfg: Mapping, run_dir: Path, index: int) -> None:
+def _prepare(cfg: JobConfig, run_dir: Path, index: int) -> None:
     """Node rank 0: grow the previous stage's final checkpoint into this stage's grown/ folder."""
-    schedule = stage_schedule(cfg)
+    schedule = render.stages(cfg)
     grown = render.stage_dir(run_dir, index) / "grown"
     if index == 0 or completed_step(grown) == schedule[index - 1].end_step:
         return
@@ -87,18 +94,13 @@ def _wait_until(ready: Callable[[], bool], what: str, timeout_s: float = 3600.0)
         time.sleep(2.0)
 
 
-def train_job(cfg: dict, run_dir: Path, progress: Optional[Callable[[dict], None]],
-              rendezvous: Optional[dict] = None, run: Runner = launch.run_torchrun):
+def train_job(cfg: JobConfig, run_dir: Path, progress: Optional[Callable[[dict], None]],
+              rendezvous: Optional[dict] = None, run: Runner = launch.run_torchrun) -> Optional[JobResult]:
     """Train every stage; node rank 0 returns the JobResult (loss curve from nanotron's log)."""
-    import pandas as pd
-
-    from jobs.registry import JobResult
-    from jobs.train import final_loss
-
     run_dir = Path(run_dir).resolve()
     rdv = rendezvous or {"node_rank": 0, "master_addr": "127.0.0.1", "master_port": launch.free_port()}
     leader = rdv["node_rank"] == 0
-    schedule = stage_schedule(cfg)
+    schedule = render.stages(cfg)
     lay = render.layout(cfg)
 
     log = run_dir / "nanotron" / "history.jsonl"  # across attempts: a resumed job keeps its curve
@@ -111,7 +113,7 @@ def train_job(cfg: dict, run_dir: Path, progress: Optional[Callable[[dict], None
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if progress is not None:
-            progress({"step": row["step"], "total_steps": cfg["train"]["steps"],
+            progress({"step": row["step"], "total_steps": cfg.train.steps,
                       **({"loss": row["lm_loss"]} if "lm_loss" in row else {})})
 
     for index, stage in enumerate(schedule):
@@ -134,12 +136,11 @@ def train_job(cfg: dict, run_dir: Path, progress: Optional[Callable[[dict], None
         doc = render.render_stage(cfg, run_dir, index, _run_name(run_dir, index), resume, load_optimizer)
         with tempfile.TemporaryDirectory(prefix="nanotron-") as tmp:
             config_file = (render.stage_dir(run_dir, index) if leader else Path(tmp)) / "config.yaml"
-            config_file.parent.mkdir(parents=True, exist_ok=True)
-            config_file.write_text(render.to_yaml(doc))
+            write_text(config_file, render.to_yaml(doc), durable=False)
             run(render.entry(cfg, config_file), nproc_per_node=lay.gpus_per_node, nnodes=lay.nodes, node_rank=rdv["node_rank"],
                 master_addr=rdv["master_addr"], master_port=rdv["master_port"],
-                env=render.environment(cfg, run_dir.name, index),
-                on_line=on_line, threads_per_proc=max(1, int(cfg["resources"]["cpus"]) // lay.gpus_per_node))
+                env=render.environment(cfg, index),
+                on_line=on_line, threads_per_proc=max(1, cfg.resources.cpus // lay.gpus_per_node))
         reached = completed_step(render.stage_dir(run_dir, index) / "checkpoints")
         if leader and reached != stage.end_step:
             raise RuntimeError(f"nanotron stage {index} ({stage.n_layers} layers) exited without "
@@ -154,7 +155,6 @@ def train_job(cfg: dict, run_dir: Path, progress: Optional[Callable[[dict], None
     if not history:
         raise RuntimeError(f"nanotron logged no lm_loss line (see its output); {log} is empty")
     metrics = {"final_loss": final_loss([{"loss": r["lm_loss"]} for r in history]),
-               "steps": float(cfg["train"]["steps"])}
-    return JobResult(metrics=metrics, higher_is_better={"final_loss": False},
-                     curves={"ancestors": ancestors_at(cfg, schedule[-1].n_layers)},
+               "steps": float(cfg.train.steps)}
+    return JobResult(metrics=metrics, curves={"ancestors": ancestors_at(cfg, schedule[-1].n_layers)},
                      history=pd.DataFrame(history).rename(columns={"lm_loss": "loss"}))

@@ -1,0 +1,229 @@
+"""A sweep's analysis, computed once from the store: the tidy tables (values, cells, comparisons),
+the curves and training logs, and what the runs' jobs declared about each metric and curve.
+Everything the report writes (markdown.py, figures.py, console.py) reads an `Analysis`.
+
+results.parquet stacks the three tidy tables; column `table` says which a row belongs to: runs
+(one row per finished run x metric, plus one row per run that is not done, with status and
+error), cells (`summarize`) and comparisons (`compare`). `read_results(path, "cells")` reads one."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.load import (load, load_curves, load_data_kinds, load_history, load_items, load_paper_flops,
+                           load_runs, load_specs, load_sweep)
+from analysis.stats import N_BOOT, cell_keys, compare, summarize
+from analysis.text import where
+from common.metrics import CurveSpec, MetricSpec
+
+TABLES = ("runs", "cells", "comparisons")
+HB_FINAL = 10_000  # seed x item bootstrap resamples for a written report (statistics.md (c))
+DATA_PREFIX = "data."  # cell keys that change the evaluation data, and with it the reference estimators
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """The pre-declared analysis choices, fixed before looking at results."""
+    baseline: str = "dense"
+    pairing: str = "paired"
+    primary_metrics: tuple[str, ...] | None = None  # None: the confirmatory metrics the runs declare
+    alpha: float = 0.05
+    delta_min: float | Mapping[str, float] = 0.02  # a mapping gives each metric its own margin
+    seed: int = 0
+    n_boot: int = N_BOOT
+    by: tuple[str, ...] | None = None  # the cell keys; None: detected by `cell_keys`
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything a report shows, computed once from the store."""
+    sweep: str
+    spec: dict  # sweep.yaml
+    runs: pd.DataFrame
+    values: pd.DataFrame
+    cells: pd.DataFrame
+    comparisons: pd.DataFrame
+    options: AnalysisOptions
+    keys: tuple[str, ...]  # the config keys that split cells, beside family and size
+    history: pd.DataFrame  # training logs, for the loss curves (`load_history`)
+    curves: dict[str, pd.DataFrame]  # each declared curve of the finished runs (`load_curves`)
+    metric_specs: dict[str, MetricSpec]
+    curve_specs: dict[str, CurveSpec]
+    paper_flops: pd.DataFrame  # the paper-scale FLOPs table the orchestrator stored
+
+    def label(self, metric: str) -> str:
+        spec = self.metric_specs.get(metric)
+        return spec.label if spec else metric
+
+    def spec_of(self, metric: str) -> MetricSpec:
+        return self.metric_specs.get(metric) or MetricSpec(metric)
+
+    def is_reference(self, metric: str) -> bool:
+        return self.spec_of(metric).reference
+
+
+def options_for(spec: Mapping, metric_specs: Mapping[str, MetricSpec], kinds: set[str]) -> AnalysisOptions:
+    """The defaults with the confirmatory metrics the runs declare for their data kinds, or for
+    an adaptive sweep the rule it declared: every test at alpha / K for K looks (statistics.md
+    (f)), so the report says what the stopping rule saw."""
+    looks = spec.get("looks") or []
+    if looks:
+        rule = looks[-1]["rule"]
+        return AnalysisOptions(baseline=rule["baseline"], primary_metrics=(rule["metric"],),
+                               alpha=rule["alpha"] / looks[-1]["n_looks"], delta_min=rule["delta_min"])
+    return AnalysisOptions(primary_metrics=confirmatory(metric_specs, kinds))
+
+
+def confirmatory(metric_specs: Mapping[str, MetricSpec], kinds: set[str]) -> tuple[str, ...]:
+    """The metrics of the confirmatory family for these data kinds, as the jobs declare it."""
+    return tuple(sorted(name for name, spec in metric_specs.items() if kinds & set(spec.confirmatory_for)))
+
+
+def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None = None) -> Analysis:
+    """Load a sweep and compute its cells and comparisons, both keyed by the same cell keys."""
+    spec = load_sweep(store_root, sweep)
+    metric_specs, curve_specs = load_specs(store_root, sweep)
+    kinds = load_data_kinds(store_root, sweep)
+    options = options or options_for(spec, metric_specs, kinds)
+    if options.primary_metrics is None:
+        options = replace(options, primary_metrics=confirmatory(metric_specs, kinds))
+    values = load(store_root, sweep)
+    items = load_items(store_root, sweep)
+    keys = cell_keys(values) if options.by is None else list(options.by)
+    return Analysis(
+        sweep=sweep, spec=spec, runs=load_runs(store_root, sweep), values=values,
+        cells=summarize(values, 1 - options.alpha, options.n_boot, options.seed, by=keys, items=items),
+        comparisons=compare(values, options.baseline, options.pairing, options.primary_metrics,
+                            options.alpha, options.delta_min, options.seed, by=keys, items=items,
+                            n_boot=HB_FINAL),
+        options=options, keys=tuple(keys), history=load_history(store_root, sweep),
+        curves={name: load_curves(store_root, sweep, name) for name, c in curve_specs.items() if c.kind != "data"},
+        metric_specs=metric_specs, curve_specs=curve_specs, paper_flops=load_paper_flops(store_root, sweep))
+
+
+def _nullable(table: pd.DataFrame) -> pd.DataFrame:
+    """Integer and boolean columns as nullable dtypes, so they keep their type next to other tables."""
+    return table.astype({**{c: "Int64" for c in table.select_dtypes("integer").columns},
+                         **{c: "boolean" for c in table.select_dtypes("bool").columns}})
+
+
+def results_table(analysis: Analysis) -> pd.DataFrame:
+    """The three tidy tables stacked into one, told apart by the `table` column. Each table's own
+    columns, in order, are kept in attrs["tables"] (stored in the parquet file) for `read_results`."""
+    not_done = analysis.runs[analysis.runs["status"] != "done"]
+    tables = {"runs": pd.concat([analysis.values.assign(status="done"), not_done], ignore_index=True),
+              "cells": analysis.cells, "comparisons": analysis.comparisons}
+    tables = {name: _nullable(t).assign(sweep=analysis.sweep) for name, t in tables.items()}
+    stacked = pd.concat([t.assign(table=name) for name, t in tables.items()], ignore_index=True)
+    stacked = stacked[["table", "sweep", *[c for c in stacked.columns if c not in ("table", "sweep")]]]
+    stacked.attrs["tables"] = {name: ["sweep", *[c for c in t.columns if c != "sweep"]]
+                               for name, t in tables.items()}
+    return stacked
+
+
+def read_results(path: str | Path, table: str) -> pd.DataFrame:
+    """One table of a results.parquet, with its own columns only, in their original order."""
+    if table not in TABLES:
+        raise ValueError(f"table must be one of {TABLES}, got {table!r}")
+    results = pd.read_parquet(path)
+    rows = results[results["table"] == table]
+    return rows[results.attrs["tables"][table]].reset_index(drop=True)
+
+
+# ---- derived tables the report's parts share ---------------------------------------------------
+
+def families(analysis: Analysis) -> list[str]:
+    """The baseline first, then the other families alphabetically."""
+    baseline = analysis.options.baseline
+    others = sorted(set(analysis.cells["family"]) - {baseline})
+    return [baseline, *others] if baseline in set(analysis.cells["family"]) else others
+
+
+def metrics(analysis: Analysis) -> list[str]:
+    """Model metrics: primary ones in their declared order, then the rest alphabetically."""
+    present = {m for m in analysis.cells["metric"] if not analysis.is_reference(m)}
+    primary = [m for m in analysis.options.primary_metrics if m in present]
+    return primary + sorted(present - set(primary))
+
+
+def in_report_order(analysis: Analysis, table: pd.DataFrame) -> pd.DataFrame:
+    """Rows in report order: metric (as `metrics`), size, cell keys, family (as `families`)."""
+    ranks = {"metric": {m: i for i, m in enumerate(metrics(analysis))},
+             "family": {f: i for i, f in enumerate(families(analysis))}}
+    order = [c for c in ("metric", "size", *analysis.keys, "family") if c in table.columns]
+    return table.sort_values(order, key=lambda c: c.map(ranks[c.name]) if c.name in ranks else c, kind="stable",
+                             ignore_index=True)
+
+
+def confirmatory_rows(analysis: Analysis) -> pd.DataFrame:
+    """The comparisons of the Holm family (primary metrics), in report order."""
+    comparisons = analysis.comparisons
+    return in_report_order(analysis, comparisons[comparisons["correction"] == "holm"])
+
+
+def family_size(analysis: Analysis) -> int:
+    """m of Holm: the testable confirmatory comparisons (fewer than 2 seeds cannot be tested)."""
+    return int(confirmatory_rows(analysis)["p_value"].notna().sum())
+
+
+def primary(analysis: Analysis, table: pd.DataFrame) -> pd.DataFrame:
+    return table[table["metric"].isin(analysis.options.primary_metrics)].assign(
+        label=lambda t: t["metric"].map(analysis.label))
+
+
+def data_keys(analysis: Analysis) -> list[str]:
+    return [k for k in analysis.keys if k.startswith(DATA_PREFIX)]
+
+
+def references(analysis: Analysis, metric: str) -> pd.DataFrame:
+    """The reference estimators of `metric` (declared by its spec), per (reference, size, data.*
+    cell keys): mean, min and max over runs. The estimators see only the evaluation data, so other
+    keys (train.lr) do not split them; min and max show whether runs agree, as they should when
+    every run of a study evaluates the same held-out instances."""
+    names = list(analysis.spec_of(metric).references)
+    values = analysis.values[analysis.values["metric"].isin(names)]
+    table = (values.groupby(["metric", "size", *data_keys(analysis)], dropna=False)["value"]
+             .agg(["mean", "min", "max"]).reset_index())
+    return table.assign(rank=table["metric"].map({n: i for i, n in enumerate(names)})).sort_values(
+        ["rank", "size"], kind="stable").drop(columns="rank")
+
+
+def position(analysis: Analysis, metric: str) -> pd.DataFrame:
+    """Per model cell (family, size, cell keys) of a metric with two or more references,
+    (ref1 - model) / (ref1 - ref2) with ref1, ref2 its first two (weakest first): 0 = no better
+    than the first reference, 1 = as good as the second. `beats_first` is False when the model's
+    mean is not better than the first reference's."""
+    columns = ["family", "size", *analysis.keys, "model", "first", "position", "beats_first"]
+    names = analysis.spec_of(metric).references
+    refs = references(analysis, metric)
+    model = analysis.cells[analysis.cells["metric"] == metric].rename(columns={"mean": "model"})
+    if len(names) < 2 or names[0] not in set(refs["metric"]) or model.empty:
+        return pd.DataFrame(columns=columns)
+    on = ["size", *data_keys(analysis)]
+    for ref, name in zip(names[:2], ("first", "second")):
+        reference = refs.loc[refs["metric"] == ref, [*on, "mean"]].rename(columns={"mean": name})
+        model = model.merge(reference, on=on, how="left")
+    span = (model["first"] - model["second"]).where(lambda s: s != 0)
+    sign = 1 if analysis.spec_of(metric).higher_is_better else -1
+    return model.assign(position=(model["first"] - model["model"]) / span,
+                        beats_first=sign * (model["model"] - model["first"]) > 0)[columns]
+
+
+def not_beating_references(analysis: Analysis) -> set[tuple[str, str, str]]:
+    """(metric, family, cell text) of the cells whose model does not beat its first reference."""
+    out = set()
+    for metric in metrics(analysis):
+        pos = position(analysis, metric)
+        failing = pos[~pos["beats_first"].astype(bool)]
+        out |= {(metric, row["family"], where(row, analysis.keys)) for _, row in failing.iterrows()}
+    return out
+
+
+def seed_means(analysis: Analysis, names: list[str]) -> pd.DataFrame:
+    """Per family and size, each metric's mean over the seeds that have it, and the seed count."""
+    values = analysis.values[analysis.values["metric"].isin(names)]
+    means = values.pivot_table(index=["family", "size"], columns="metric", values="value", aggfunc="mean")
+    return means.assign(seeds=values.groupby(["family", "size"])["seed"].nunique()).reset_index()

@@ -1,0 +1,108 @@
+"""The report's figures, chosen from the analysis: the forest plot of the confirmatory comparisons,
+every seed of each primary metric, the training loss, score against training cost, and each
+curve a job declares as a line (common/metrics.py). Drawing is analysis/plots.py's."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+import analysis.plots as plots
+from analysis.compute import Analysis, data_keys, families, in_report_order, primary, references
+from analysis.text import has, where
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure of the report: its file stem under plots/, heading and legend in words, and the
+    figure, or None with the reason it was not drawn."""
+    name: str
+    title: str
+    caption: str
+    figure: Figure | None
+    missing: str = ""
+
+
+def grouped(analysis: Analysis, table: pd.DataFrame) -> pd.DataFrame:
+    """`table` in report order with the `group` column the plots split on (size and cell keys)."""
+    table = in_report_order(analysis, table)
+    return table.assign(group=[where(row, analysis.keys) for _, row in table.iterrows()])
+
+
+def _keyed(analysis: Analysis, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per-run rows (history, curves) with the run's cell-key values, from the loaded runs."""
+    keys = analysis.values[["run_id", *analysis.keys]].drop_duplicates("run_id")
+    return grouped(analysis, runs.merge(keys, on="run_id", how="inner"))
+
+
+def _seed_plot(analysis: Analysis, metric: str) -> Plot:
+    """Per-seed dots of one metric, with its declared reference estimators as lines."""
+    values = grouped(analysis, analysis.values[analysis.values["metric"] == metric])
+    cells = grouped(analysis, analysis.cells[analysis.cells["metric"] == metric])
+    lines = pd.DataFrame(columns=["group", "name", "value"])
+    refs = references(analysis, metric)
+    if not refs.empty:
+        groups = cells[["group", "size", *analysis.keys]].drop_duplicates("group")
+        refs = refs.assign(name=refs["metric"].map(analysis.label), value=refs["mean"])
+        lines = groups.merge(refs, on=["size", *data_keys(analysis)])[["group", "name", "value"]]
+    level = f"{1 - analysis.options.alpha:.0%}"
+    return Plot(f"seeds_{metric}", f"{analysis.label(metric)}: every seed",
+                f"One dot per seed; grey lines join the same seed across families (the pairing); black: mean"
+                f" and {level} t-interval over seeds"
+                + ("; horizontal lines: the reference estimators." if not refs.empty else "."),
+                plots.seed_dots(values, cells, lines, families(analysis), analysis.label(metric)),
+                f"no finished run has {metric}")
+
+
+def _line_plot(analysis: Analysis, name: str) -> Plot:
+    spec = analysis.curve_specs[name]
+    curves = analysis.curves.get(name, pd.DataFrame())
+    return Plot(name, spec.title, spec.caption,
+                plots.context_curves(_keyed(analysis, curves) if not curves.empty else curves, families(analysis),
+                                     spec.x, spec.y, {r: analysis.label(r) for r in spec.references},
+                                     analysis.label(spec.y), spec.x_label, spec.count),
+                f"no finished run has curves.{name} in its metrics.json")
+
+
+def _cost_plot(analysis: Analysis) -> Plot:
+    """The primary metrics against the (first) declared cost."""
+    level = f"{1 - analysis.options.alpha:.0%}"
+    costs = sorted(m for m in set(analysis.values["metric"]) if analysis.spec_of(m).cost)
+    points = pd.DataFrame()
+    if costs:
+        cost = analysis.cells.loc[analysis.cells["metric"] == costs[0],
+                                  ["family", "size", *analysis.keys, "mean", "ci_low", "ci_high"]]
+        points = grouped(analysis, primary(analysis, analysis.cells).merge(
+            cost.rename(columns={"mean": "flops", "ci_low": "flops_low", "ci_high": "flops_high"}),
+            on=["family", "size", *analysis.keys]))
+    what = costs[0] if costs else "train_flops"
+    return Plot("score_vs_flops", "Final score against training FLOPs",
+                f"Per family and size, the mean of each primary metric against mean {what}, bars: {level}"
+                " t-intervals over seeds (none along FLOPs when every seed used the same compute); families"
+                " are moved a few pixels sideways so equal-compute points stay visible.",
+                plots.score_vs_flops(points, families(analysis)), f"no finished run has {what}")
+
+
+def draw(analysis: Analysis) -> list[Plot]:
+    """The report's figures, in report order."""
+    o = analysis.options
+    level = f"{1 - o.alpha:.0%}"
+    comparisons = grouped(analysis, primary(analysis, analysis.comparisons))
+    hierarchical = ("; thin whisker: hierarchical bootstrap interval (seeds and items)"
+                    if has(comparisons, "hb_low") else "")
+    return [
+        Plot("forest", f"Differences against {o.baseline}",
+             f"Per family and size, the mean paired difference (> 0 = better than {o.baseline}; for"
+             f" lower-is-better metrics the sign is flipped) with its {level} t-interval (thick){hierarchical};"
+             " filled marker: decisive after Holm; dashed line: no difference; grey band: +-delta_min.",
+             plots.forest(comparisons, families(analysis), o.baseline), "no comparison of a primary metric"),
+        *[_seed_plot(analysis, metric) for metric in o.primary_metrics],
+        Plot("loss", "Training loss",
+             f"Mean over seeds, band: {plots.BAND}; left against step, right against cumulative training"
+             " FLOPs; triangles: steps where lidas grew deeper. The first steps are cut off at the top.",
+             plots.loss_curves(_keyed(analysis, analysis.history), families(analysis)),
+             "no finished run has a history.parquet"),
+        _cost_plot(analysis),
+        *[_line_plot(analysis, name) for name, spec in sorted(analysis.curve_specs.items()) if spec.kind == "line"],
+    ]

@@ -1,0 +1,34 @@
+"""report.html: report.md converted by markdown-it-py (CommonMark with tables), so the two cannot
+drift apart, as one self-contained page: styled inline, every figure embedded as a data URI, no
+file or network reference left."""
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Mapping
+
+from markdown_it import MarkdownIt
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;line-height:1.45}
+table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}
+th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}th{background:#f2f2f2}
+code{background:#f4f4f4;padding:0 .2rem}img{max-width:100%;height:auto}h1,h2{border-bottom:1px solid #ddd}
+blockquote{border-left:4px solid #c33;margin:.5rem 0;padding:.1rem .8rem;background:#fff5f5}"""
+
+
+def render_html(markdown: str, images: Mapping[str, bytes]) -> str:
+    """`markdown` (report.md) as one page; `images` maps each image path it links to (relative to
+    the report) to its PNG bytes."""
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = md.parse(markdown)
+    for token in tokens:
+        for child in token.children or []:
+            if child.type == "image":
+                src = str(child.attrGet("src"))
+                if src not in images:
+                    raise ValueError(f"report.html would reference {src!r}, which is not embedded")
+                child.attrSet("src", "data:image/png;base64," + base64.b64encode(images[src]).decode())
+    title = next((line.lstrip("#").strip().replace("`", "") for line in markdown.splitlines()
+                  if line.startswith("# ")), "report")
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+            f"<style>\n{STYLE}\n</style>\n</head>\n<body>\n{md.renderer.render(tokens, md.options, {})}</body>\n</html>\n")

@@ -1,0 +1,109 @@
+"""How the report writes numbers, intervals, verdicts and table rows: the formatting that the
+markdown report (markdown.py) and the console summary (console.py) share."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+from analysis.stats import EQUIVALENT_VERDICTS, NEGLIGIBLE, SEEDS_MAX
+
+CORRECTION_LABELS = {"holm": "Holm", "fdr_bh": "BH"}
+
+
+def num(x: float) -> str:
+    return "–" if pd.isna(x) else f"{x + 0.0:.4g}"  # + 0.0 turns -0.0 into 0.0
+
+def signed(x: float) -> str:
+    return "–" if pd.isna(x) else f"{x + 0.0:+.4g}"
+
+def text(value: object) -> str:
+    return "–" if pd.isna(value) else str(value)
+
+def p_text(p: float) -> str:
+    return "–" if pd.isna(p) else f"{p:.3g}"
+
+def margins(delta_min: float | Mapping[str, float]) -> str:
+    if isinstance(delta_min, Mapping):
+        return ", ".join(f"{metric} {margin:g}" for metric, margin in sorted(delta_min.items())) or "none"
+    return f"{delta_min:g}"
+
+def one_line(text: object, limit: int = 300) -> str:
+    """Text safe inside a markdown table cell: one line, pipes escaped, at most `limit` characters."""
+    return " ".join(str(text).split())[:limit].replace("|", "\\|")
+
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ([f"| {' | '.join(header)} |", f"|{'---|' * len(header)}"]
+            + [f"| {' | '.join(one_line(c) for c in row)} |" for row in rows])
+
+def key_texts(row: pd.Series, keys: tuple[str, ...]) -> list[str]:
+    """The row's cell-key values as text; "all" for a key the row does not depend on (reference rows)."""
+    return [text(row[k]) if k in row.index else "all" for k in keys]
+
+def where(row: pd.Series, keys: tuple[str, ...]) -> str:
+    """The size and cell-key values of a row, as in "tiny, train.lr=0.003"."""
+    return ", ".join([row["size"], *(f"{k}={v}" for k, v in zip(keys, key_texts(row, keys)))])
+
+def cell_text(cell: pd.Series) -> str:
+    if cell["single_seed"]:
+        return f"{num(cell['mean'])} (n=1, single seed)"
+    return f"{num(cell['mean'])} [{num(cell['ci_low'])}, {num(cell['ci_high'])}] (n={cell['n_seeds']})"
+
+def have(row: pd.Series) -> int:
+    return row["n_pairs"] if row["pairing"] == "paired" else min(row["n_candidate"], row["n_baseline"])
+
+def seeds_text(n: object) -> str:
+    return f"> {SEEDS_MAX}" if n > SEEDS_MAX else str(n)
+
+def plan_text(row: pd.Series) -> str:
+    """Seeds needed for 80% power at delta_min: a planning figure, never evidence."""
+    if pd.isna(row["seeds_needed"]):
+        return ""
+    gap = f"a {row['delta_min']:g} gap"
+    pooled = "; seed noise pooled over sizes" if row["sigma_pooled"] else ""
+    if row["seeds_unresolvable"]:
+        return f"> {SEEDS_MAX} seeds would be needed for 80% power at {gap}: not resolvable by seeds alone{pooled}"
+    conservative = f"{seeds_text(row['seeds_needed_conservative'])} seeds if the seed noise is at its 80% upper bound"
+    if row["seeds_more"] == 0:
+        return (f"{have(row)} seeds would already give 80% power for {gap} at the observed seed noise"
+                f" ({conservative}{pooled})")
+    return f"about {row['seeds_more']} more seeds give 80% power for {gap} ({conservative}{pooled})"
+
+def verdict_text(row: pd.Series, alpha: float) -> str:
+    correction = CORRECTION_LABELS[row["correction"]]
+    if row["verdict"] in ("better", "worse"):
+        return f"{row['verdict']}: decisive at alpha = {alpha:g} after {correction} correction"
+    if row["verdict"] in EQUIVALENT_VERDICTS:
+        real = ("; the difference is significant but smaller than the margin" if row["verdict"] == NEGLIGIBLE
+                else "")
+        return f"{row['verdict']}: the {1 - 2 * alpha:.0%} CI lies inside +-{row['delta_min']:g}{real}"
+    untestable = ", fewer than 2 seeds to test" if row["single_seed"] else ""
+    plan = plan_text(row)
+    return f"{row['verdict']}{untestable}" + (f": {plan}" if plan else "")
+
+def sign(row: pd.Series) -> int:
+    return 1 if row["higher_is_better"] else -1
+
+def raw_interval(row: pd.Series, low: str = "ci_low", high: str = "ci_high") -> tuple[float, float]:
+    """An interval of delta (> 0 = better) turned back into the metric's own units, candidate minus
+    baseline, as readers compare it with the tables."""
+    return tuple(sorted([sign(row) * row[low], sign(row) * row[high]]))
+
+def interval_text(bounds: tuple[float, float]) -> str:
+    return f"[{signed(bounds[0])}, {signed(bounds[1])}]"
+
+def difference(row: pd.Series) -> str:
+    """Candidate minus baseline with its CI, as in "-0.007207 [-0.0339, +0.01949]"."""
+    return f"{signed(sign(row) * row['diff_mean'])} {interval_text(raw_interval(row))}"
+
+def has(table: pd.DataFrame, column: str) -> bool:
+    """Whether `table` has `column` with a value: columns another analysis step may not add yet."""
+    return column in table.columns and bool(table[column].notna().any())
+
+def seeds(row: pd.Series) -> str:
+    if row["pairing"] == "paired":
+        return f"{row['n_pairs']} seed{'' if row['n_pairs'] == 1 else 's'}"
+    return f"{row['n_candidate']} vs {row['n_baseline']} seeds"
+
+def seeds_needed_text(n: object) -> str:
+    return "–" if pd.isna(n) else seeds_text(n)

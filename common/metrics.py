@@ -1,0 +1,88 @@
+"""What a metric and a curve mean, declared by the job that records them and stored with the run.
+
+An evaluation declares a `MetricSpec` for each metric it records and a `CurveSpec` for each curve;
+the worker writes them into the run's metrics.json (`specs`, `curve_specs`), and `analysis` reads
+them from there. So the report knows every metric's label, direction and role without knowing any
+evaluation by name, and an evaluation added later is reported like the built-in ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric of a job.
+
+    higher_is_better: the direction it is compared in; None = descriptive (shown, never tested).
+    headline_for: the data kinds (data.kind) whose headline metric this is: the console shows it,
+        the report opens with it.
+    confirmatory_for: the data kinds where it belongs to the confirmatory family (Holm); every other
+        compared metric is exploratory (Benjamini-Hochberg).
+    references: reference estimators (other metrics, weakest first) shown as rows beside it; a
+        model that does not beat the first one is flagged, with `below_first` saying what that means.
+    reference: this metric is such a reference estimator: the same in every run of a data setting,
+        not a result of the model, so never compared.
+    effect: what "higher" means when the metric measures an effect rather than a quality.
+    p_value: a per-run p-value; the report combines it across seeds (Fisher's method), showing the
+        `companions` (other metrics: the statistic and its chance value) beside it.
+    cost: a cost (training FLOPs): the report states each family's saving against the baseline.
+    """
+    label: str
+    higher_is_better: Optional[bool] = None
+    headline_for: tuple[str, ...] = ()
+    confirmatory_for: tuple[str, ...] = ()
+    references: tuple[str, ...] = ()
+    below_first: str = ""
+    reference: bool = False
+    effect: str = ""
+    p_value: bool = False
+    companions: tuple[str, ...] = ()
+    cost: bool = False
+
+    def to_record(self) -> dict[str, Any]:
+        """Plain values for metrics.json (only what differs from the defaults)."""
+        default = MetricSpec(self.label)
+        return {f.name: list(v) if isinstance(v, tuple) else v
+                for f in dataclasses.fields(self)
+                if (v := getattr(self, f.name)) != getattr(default, f.name) or f.name == "label"}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> MetricSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in known})
+
+
+@dataclass(frozen=True)
+class CurveSpec:
+    """One curve of a job (a column table in metrics.json's `curves`), and how the report shows it.
+
+    kind: "line": `y` (and the `references` columns) against `x`, mean and band over seeds per
+        family, with the number of points behind each x from `count`;
+        "table": the mean over seeds of `columns` at each `x`;
+        "ranking": per run, the `top` rows of highest `y`, each written as `row` (a format string
+        over the curve's columns);
+        "data": kept in the store for whoever reads it, not shown.
+    """
+    title: str
+    kind: str
+    x: str = ""
+    x_label: str = ""
+    y: str = ""
+    references: tuple[str, ...] = ()
+    count: str = ""
+    columns: tuple[str, ...] = ()
+    top: int = 3
+    row: str = ""
+    caption: str = ""
+
+    def to_record(self) -> dict[str, Any]:
+        return {f.name: list(v) if isinstance(v, tuple) else v for f in dataclasses.fields(self)
+                if (v := getattr(self, f.name)) != f.default or f.name in ("title", "kind")}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> CurveSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in known})

@@ -1,0 +1,72 @@
+"""Components by name: families, evaluations, backends, data kinds and cluster kinds.
+
+Each kind of component has one `Registry`. A component registers itself where it is defined
+(`@FAMILIES.register("lidas")`), and a registry imports every module of its package the first
+time it is asked, so adding a component is adding a file. Modules outside the project that
+register components (your own evaluation, a test's) are named in $ORCHESTRATOR_PLUGINS
+(comma-separated module names), which Ray workers and launched ranks inherit.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import pkgutil
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from common.settings import ConfigError
+
+T = TypeVar("T")
+PLUGINS_ENV = "ORCHESTRATOR_PLUGINS"
+
+
+class Registry(Generic[T]):
+    """Name -> component of one kind, filled by the modules of `package` (and the plugins)."""
+
+    def __init__(self, kind: str, package: str, key: str):
+        self.kind, self.package, self.key = kind, package, key  # key: the config key that names one
+        self._items: dict[str, T] = {}
+        self._discovered = False
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def add(item: T) -> T:
+            if name in self._items and self._items[name] is not item:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._items[name] = item
+            return item
+        return add
+
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        package = importlib.import_module(self.package)
+        for module in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{self.package}.{module.name}")
+        for plugin in filter(None, os.environ.get(PLUGINS_ENV, "").split(",")):
+            importlib.import_module(plugin.strip())
+
+    def names(self) -> list[str]:
+        self._discover()
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        self._discover()
+        return name in self._items
+
+    def __getitem__(self, name: str) -> T:
+        """The component, or a ConfigError naming the key, the known names and the nearest one."""
+        self._discover()
+        if name not in self._items:
+            near = difflib.get_close_matches(str(name), self._items, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            article = "an" if self.kind[0] in "aeiou" else "a"
+            raise ConfigError(f"{self.key}={name}: no such {self.kind}{hint}; choose one of: "
+                              f"{', '.join(self.names())} ({article} {self.kind} is a file in "
+                              f"{self.package.replace('.', '/')}/)")
+        return self._items[name]
+
+    def items(self) -> list[tuple[str, T]]:
+        self._discover()
+        return sorted(self._items.items())

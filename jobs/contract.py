@@ -1,0 +1,56 @@
+"""The job contract: what a job is given and what it returns to the orchestrator.
+
+A job is `fn(cfg, run_dir, progress) -> JobResult`: it reads its typed config, reads and writes
+only inside `run_dir` (checkpoints), reports progress through `progress` (a dict per report:
+step, total_steps, loss, ...), and returns its results, which the orchestrator records in the
+store. A `Job` is such a function with the specs of the metrics and curves it records.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+
+from common.metrics import CurveSpec, MetricSpec
+
+Progress = Callable[[dict], None]
+
+
+@dataclass
+class JobResult:
+    metrics: dict[str, float]
+    curves: dict = field(default_factory=dict)  # name -> {column: [values]} (or any JSON value)
+    items: Optional[pd.DataFrame] = None        # per-example outputs: item_id, metric, score, weight
+    history: Optional[pd.DataFrame] = None      # training curve: step, loss, lr, tokens, flops, ...
+
+
+JobFn = Callable[[Any, Path, Progress], JobResult]
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job by name, with what it records. `data`: the data kinds it runs on (empty: any)."""
+    name: str
+    fn: JobFn
+    metrics: Mapping[str, MetricSpec]
+    curves: Mapping[str, CurveSpec] = field(default_factory=dict)
+    data: tuple[str, ...] = ()
+
+    def outcomes(self) -> frozenset[str]:
+        """The metrics it records that are compared between families (not descriptive)."""
+        return frozenset(name for name, spec in self.metrics.items()
+                         if spec.higher_is_better is not None and not spec.reference)
+
+    def specs_of(self, result: JobResult) -> tuple[dict[str, dict], dict[str, dict]]:
+        """The records of the specs of what `result` holds; a metric or curve the job did not
+        declare is a programming error, refused here before anything is written."""
+        undeclared = sorted((set(result.metrics) - set(self.metrics))
+                            | (set(result.curves) - set(self.curves)))
+        if undeclared:
+            raise ValueError(f"job {self.name} recorded {undeclared} without declaring them "
+                             f"(its metrics= / curves= where it is registered)")
+        return ({name: self.metrics[name].to_record() for name in result.metrics},
+                {name: self.curves[name].to_record() for name in result.curves})

@@ -1,0 +1,293 @@
+"""A sweep from start to report: compose the grid, plan its runs, record them, have the
+cluster's executor run them (in the declared looks of an adaptive sweep), then write the report.
+
+    Sweep.compose(overrides)  Hydra grid -> validated run configs (nothing written)
+    sweep.dry_run()           what would run, and where
+    sweep.run()               record, execute, decide (adaptive looks), report
+    report / status / cancel  an existing sweep, from the store
+
+The control path reads in one direction: cli -> Sweep -> Executor -> worker -> job, and back only
+through the store."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+import sys
+from collections import Counter
+from typing import Any, Optional
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+import analysis
+from common.atomic import write_json
+from common.settings import ConfigError
+from jobs.flops import flop_ratio
+from orchestrator import grid, tracking
+from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
+from orchestrator.executors import Executor, recorded_executor
+from orchestrator.identity import run_id
+from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_text
+from orchestrator.store import CORRUPT, FAILED, Store, StoreError
+from orchestrator.upgrade import upgrade
+from orchestrator.worker import execute
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+PAPER_SIZES = ("360m", "1b7", "3b")  # conf/size: the paper-scale configs of the report's FLOPs table
+PAPER_FLOPS = "paper_flops.json"  # in the sweep's folder, read by analysis
+
+
+class Sweep:
+    def __init__(self, name: str, overrides: list[str], configs: list[RunConfig], store: Store,
+                 console: Console):
+        self.name, self.overrides, self.configs, self.store, self.console = name, overrides, configs, store, console
+        self.executor: Executor = configs[0].cluster.executor()
+
+    @classmethod
+    def compose(cls, overrides: list[str], name: Optional[str], console: Console) -> Sweep:
+        """The sweep of the command line: its grid composed and validated, its store checked."""
+        points, default_name = grid.expand(overrides)
+        configs = [p.config for p in points]
+        roots = {c.store.root for c in configs}
+        if len(roots) != 1:
+            raise ConfigError(f"store.root: one sweep must use one store, got {sorted(roots)}")
+        if len({c.cluster.name for c in configs}) != 1:
+            raise ConfigError("cluster: one sweep runs on one cluster; sweep the cluster in separate sweeps")
+        store = Store(roots.pop())
+        store.check()
+        name = name or default_name
+        if not NAME.fullmatch(name):
+            raise ConfigError(f"--name {name!r}: it names a directory under sweeps/; use letters, "
+                              f"digits, '.', '_' and '-' (starting with a letter or digit)")
+        return cls(name, overrides, configs, store, console)
+
+    # -- planning ------------------------------------------------------------------------------
+    @property
+    def adaptive(self) -> Any:
+        return self.configs[0].adaptive
+
+    def first_configs(self) -> list[RunConfig]:
+        """The configs of the first pass: the grid, or an adaptive sweep's first look."""
+        return self._with_seeds(range(self.adaptive.schedule[0])) if self.adaptive.metric else self.configs
+
+    def _with_seeds(self, seeds: range) -> list[RunConfig]:
+        """Every distinct non-seed config of the grid (by run identity), once per seed."""
+        distinct = {run_id(dataclasses.replace(c, seed=0)): c for c in self.configs}
+        return [dataclasses.replace(copy.deepcopy(c), seed=s) for c in distinct.values() for s in seeds]
+
+    def dry_run(self) -> int:
+        """One line per run with its training FLOPs and GPU hours, then what the executor would
+        submit; nothing is written."""
+        if self.adaptive.metric:
+            a = self.adaptive
+            self.console.print(f"adaptive sweep on {a.metric}: looks at {a.schedule} seeds, level "
+                               f"{1 - a.alpha / len(a.schedule):.4f} per look; first look:")
+        runs = plan(self.first_configs(), self.store)
+        for r in runs:
+            c = r.config
+            hours = f"{gpu_hours(c):,.0f} GPU h" if c.resources.gpus > 0 else "CPU"
+            self.console.print(f"{r.run_id}  {c.family.name:<7} {c.model.name:<6} seed={c.seed:<3} "
+                               f"{resources_text(c)}  {r.cost:.2e} FLOPs {hours}  "
+                               f"{'cached' if r.cached else 'new'}")
+        new = [r for r in runs if not r.cached]
+        cluster = self.configs[0].cluster
+        if any(r.config.resources.gpus > 0 for r in new):
+            self.console.print(f"estimate: {sum(gpu_hours(r.config) for r in new):,.0f} GPU hours for the "
+                               f"{len(new)} runs to do (training FLOPs / (cluster.gpu_peak_flops_per_s="
+                               f"{cluster.gpu_peak_flops_per_s:.3g} x cluster.gpu_mfu={cluster.gpu_mfu:g}))")
+        for r in runs:  # a backend that renders its own configs (nanotron) shows them
+            if hasattr(r.config.backend, "dry_run_text"):
+                self.console.print(r.config.backend.dry_run_text(r.config, r.run_id, self.store.run_dir(r.run_id)),
+                                   markup=False, soft_wrap=True)
+        self.executor.describe(runs, self.name, self.overrides, self.store, self.console)
+        self.console.print(f"sweep {self.name}: {len(runs)} runs, {len(new)} to do (dry run: nothing "
+                           f"{'submitted or ' if not self.executor.synchronous else ''}written)")
+        return 0
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Record and execute the sweep (adaptive: look after look), then report. Exit code 0, or
+        1 when a run failed or nothing finished."""
+        runs = plan(self.first_configs(), self.store)
+        self.executor.check(runs, self.name, self.store)  # refused before anything is written
+        if self.adaptive.metric and self.executor.synchronous:
+            return self._looks(runs)
+        outcome = self._execute(runs)
+        if not outcome.finished:  # submitted: the allocation (or the array's report job) reports
+            return 0
+        return self.report() or (1 if FAILED in outcome.statuses.values() else 0)
+
+    def _execute(self, runs: list[PlannedRun]):
+        self.store.create()
+        upgrade(self.store)
+        for r in runs:
+            self.store.write_config(r.run_id, r.config)
+        tracking.tag_sweep([r.config for r in runs], self.name)  # the jobs' W&B group, not in config.yaml
+        self.store.record_sweep(self.name, self.overrides, [r.run_id for r in runs])
+        if self.executor.synchronous:
+            self.console.print(f"sweep [bold]{self.name}[/]: {len(runs)} runs, {sum(r.cached for r in runs)} "
+                               f"cached, store {self.store.root}")
+        return self.executor.run(runs, self.name, self.overrides, self.store, self.console)
+
+    def _looks(self, runs: list[PlannedRun]) -> int:
+        """The declared looks (statistics.md (f)): seeds 0..n-1 at each, then the rule decides."""
+        a = self.adaptive
+        families = {c.family.name for c in self.configs}
+        if a.baseline not in families or len(families) < 2:
+            raise ConfigError(f"adaptive.baseline={a.baseline}: the sweep's families are "
+                              f"{sorted(families)}; include the baseline and at least one other family")
+        looks, n, failed = a.schedule, a.schedule[0], False
+        with self.executor.session():
+            while True:
+                failed |= FAILED in self._execute(runs).statuses.values()
+                decision = analysis.next_seeds(analysis.load(self.store.root, self.name), looks=looks,
+                                               alpha=a.alpha, delta_min=a.delta_min, baseline=a.baseline,
+                                               primary_metrics=(a.metric,))
+                verdicts = {f"{r['family']}/{r['size']}": r["verdict"]
+                            for _, r in decision.comparisons.iterrows()}
+                self.store.record_look(self.name, {
+                    "look": decision.look, "n_looks": decision.n_looks, "n_seeds": decision.n_seeds,
+                    "level": decision.level, "decision": decision.decision, "n_more": decision.n_more,
+                    "verdicts": verdicts,
+                    "rule": {k: getattr(a, k) for k in ("metric", "alpha", "delta_min", "baseline", "looks",
+                                                         "max_seeds")}})
+                self.console.print(f"look {decision.look}/{decision.n_looks} at {decision.n_seeds} seeds "
+                                   f"(level {decision.level:.4f}): {decision.decision}"
+                                   + (f", adding {decision.n_more} seeds" if decision.decision == "continue" else "")
+                                   + "; " + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
+                if decision.decision != "continue" or decision.n_more <= 0:
+                    break
+                n += decision.n_more
+                runs = plan(self._with_seeds(range(n)), self.store)
+        return self.report() or (1 if failed else 0)
+
+    def report(self) -> int:
+        return report(self.store, self.name, self.console, self.configs[0].tracker)
+
+
+# ---------------------------------------------------------------------------------------------
+# An existing sweep, from the store
+
+def report(store: Store, name: str, console: Console, tracker: Optional[tracking.TrackerConfig] = None) -> int:
+    """Analyse the sweep's finished runs: report files, the console summary, W&B's summary run."""
+    sweep = store.read_sweep(name)
+    damaged = [(r, p) for r in sweep["run_ids"] for p in store.problems(r)]
+    if damaged:
+        raise StoreError(f"sweep {name}: run {damaged[0][0]}: {damaged[0][1]} ({len(damaged)} "
+                         f"problems, see `status`); run the sweep again to repair them")
+    states = [store.read_state(r)["status"] for r in sweep["run_ids"]]
+    if "done" not in states:
+        console.print(f"sweep {name}: no finished runs yet; nothing to report")
+        return 1
+    upgrade(store)
+    _write_paper_flops(store, name)
+    result = analysis.analyse(store.root, name)
+    path = analysis.save_report(result, store.root)
+    console.print(analysis.render_summary(result))
+    console.print(f"report: {path}")
+    tracker = tracker or _latest_tracker(store, name)
+    if logged := tracking.log_sweep(store, name, result, tracker):  # never raises
+        console.print(f"W&B: sweep summary logged as run {logged} under {store.root / tracking.WANDB_DIR}")
+    return 0
+
+
+def _latest_tracker(store: Store, name: str) -> tracking.TrackerConfig:
+    """The tracker section of the sweep's latest invocation (its recorded `tracker` overrides)."""
+    overrides = [o for o in store.read_sweep(name).get("overrides", [])
+                 if re.split(r"[.=]", o.lstrip("+~"), maxsplit=1)[0] == "tracker"]
+    with hydra_session():
+        return compose_run(overrides).tracker
+
+
+def _write_paper_flops(store: Store, name: str) -> None:
+    """The LIDAS/dense training-FLOP ratio of the paper-scale configs (the paper reports a 26%
+    saving at 3B), composed as a sweep would compose them, for the report's FLOPs section."""
+    with hydra_session():
+        configs = [compose_run([f"size={size}", "family=lidas"]) for size in PAPER_SIZES]
+    rows = [{"size": size, "layers": c.model.n_layers, "block": c.model.block_size, "steps": c.train.steps,
+             "ratio": flop_ratio(c.family, c.model, c.train.steps)} for size, c in zip(PAPER_SIZES, configs)]
+    write_json(store.sweep_dir(name) / PAPER_FLOPS, rows)
+
+
+def latest(store: Store) -> str:
+    sweeps = store.sweeps()
+    if not sweeps:
+        raise StoreError(f"no sweeps in {store.root} yet; run `python -m orchestrator sweep` first")
+    return max(sweeps, key=lambda s: store.read_sweep(s)["invocations"][-1]["at"])
+
+
+def status(store: Store, names: list[str], console: Console) -> int:
+    """A table per sweep of its runs' states, the cluster's queue states, and damage notes."""
+    if not names:
+        raise StoreError(f"no sweeps in {store.root} yet; run `python -m orchestrator sweep` first")
+    for name in names:
+        sweep = store.read_sweep(name)
+        table = Table(title=f"sweep {name}", title_justify="left", box=None, header_style="bold")
+        for col in ("run", "id", "status", "jobs (status x attempts)", "progress", "error"):
+            table.add_column(col)
+        counts: Counter = Counter()
+        notes: list[str] = []
+        for rid in sweep["run_ids"]:
+            state = store.read_state(rid)
+            try:
+                cfg = store.read_config(rid)
+                label = f"{cfg['family']['name']}-{cfg['model']['name']}-s{cfg['seed']}"
+            except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+                label = "?"
+            notes += _damage_notes(store, rid, label, state)
+            counts[state["status"]] += 1
+            jobs = state.get("jobs", {})
+            attempts = "  ".join(f"{j} {s.get('status')} x{s.get('attempts', 0)}" for j, s in jobs.items()) or "-"
+            p = store.read_progress(rid) if state["status"] == "running" else {}
+            prog = f"{p.get('job')} {p.get('step')}/{p.get('total_steps')}" if p else ""
+            table.add_row(label, rid, state["status"], attempts, prog, state.get("error") or "")
+        console.print(table)
+        console.print("  ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        executor = recorded_executor(sweep)
+        for line in executor.status_lines(sweep) if executor else []:
+            console.print(line, markup=False, soft_wrap=True)
+        for note in notes:
+            console.print(f"  {note}", soft_wrap=True, markup=False)
+    return 0
+
+
+def _damage_notes(store: Store, rid: str, label: str, state: dict) -> list[str]:
+    """One line per problem of a run (and per past one that was repaired); marks the state
+    `stale` (running, claim free: its process was killed) or `corrupt` (damaged files)."""
+    notes = [f"problem {rid} {label}: {p}; the next sweep of this run moves it aside and reruns "
+             f"the run's jobs (training resumes from its newest sound checkpoint)"
+             for p in store.problems(rid)]
+    if notes:
+        state["status"] = CORRUPT
+    elif store.is_stale(rid, state):
+        for job in [state, *state.get("jobs", {}).values()]:
+            job["status"] = "stale" if job.get("status") == "running" else job.get("status")
+        notes.append(f"stale {rid} {label}: state.json says running but no process holds its "
+                     f"claim (killed); the next sweep resumes it from its last checkpoint")
+    return notes + [f"recovered {rid} {label}: {r}" for r in store.recovered(rid)]
+
+
+def cancel(store: Store, name: str, console: Console) -> int:
+    """Cancel a sweep's cluster jobs; the same `sweep` command resubmits and resumes it."""
+    sweep = store.read_sweep(name)
+    executor = recorded_executor(sweep)
+    if executor is None:
+        console.print(f"sweep {name}: no Slurm jobs recorded (it ran locally); nothing to cancel", markup=False)
+        return 0
+    return executor.cancel(sweep, console)
+
+
+def run_one(store_root: str, run_id: str) -> int:
+    """One run's jobs in order, in this process, from its stored config: a cluster=slurm_array
+    task (`python -m orchestrator run-one`)."""
+    store = Store(store_root)
+    try:
+        cfg = load_run_config(store.read_config(run_id))
+    except FileNotFoundError:
+        raise ConfigError(f"run {run_id}: no config.yaml in {store.run_dir(run_id)}; "
+                          f"was it planned by a sweep of this store?") from None
+    for job in jobs_of(cfg):
+        print(f"{run_id} {job}: {execute(job, run_id, store_root, cfg)}", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,1 @@
+"""Import stand-in package (see _import_standin.py)."""

@@ -1,0 +1,126 @@
+"""Power of the t-test and seeds_needed (design/statistics.md, e) for standardised effects from 0.1 to
+20, paired and unpaired: statsmodels' power function returns NaN for large effects (its lower tail
+comes from scipy's nct.cdf), which seeds_needed used to read as "power not reached" (issue 12,
+defect 1: dz 11.25 gave 9 seeds instead of 3)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import integrate, special, stats
+from statsmodels.stats.power import TTestIndPower, TTestPower
+
+from analysis import next_seeds, seeds_needed
+from analysis.stats import SEEDS_MAX, t_power
+from test_stats import frame
+
+EFFECTS = [0.1, 0.25, 0.5, 0.8, 1.0, 1.155, 2.0, 3.0, 4.04, 5.0, 8.0, 11.25, 15.0, 20.0]
+SIZES = [2, 3, 4, 5, 8, 9, 10, 20, 50]
+LEVELS = [0.05, 0.05 / 3]
+
+
+def definition(effect: float, n: int, alpha: float, paired: bool) -> float:
+    """Two-sided t-test power straight from T = (Z + nc) / sqrt(V / df), integrated over Z (the
+    library integrates over V, when at all): T > c iff Z + nc > 0 and V < df (Z + nc)^2 / c^2."""
+    df = n - 1 if paired else 2 * n - 2
+    nc = effect * math.sqrt(n if paired else n / 2)
+    c = stats.t.ppf(1 - alpha / 2, df)
+
+    def inside(z):  # standard normal density times the chi-square(df) cdf
+        return math.exp(-z * z / 2) / math.sqrt(2 * math.pi) * special.chdtr(df, df * (z + nc) ** 2 / c**2)
+
+    upper = integrate.quad(inside, max(-nc, -40.0), 40.0, limit=200, epsabs=1e-13)[0] if -nc < 40 else 0.0
+    lower = integrate.quad(inside, -40.0, -nc, limit=200, epsabs=1e-13)[0] if -nc > -40 else 0.0
+    return upper + lower
+
+
+def statsmodels_power(effect, n, alpha, paired):
+    analysis = TTestPower() if paired else TTestIndPower()
+    return analysis.power(effect, n, alpha)
+
+
+@pytest.mark.parametrize("paired", [True, False])
+@pytest.mark.parametrize("alpha", LEVELS)
+def test_t_power_matches_statsmodels_where_statsmodels_is_finite(paired, alpha):
+    effect, n = np.meshgrid(EFFECTS, SIZES, indexing="ij")
+    ours = t_power(effect, n, alpha, paired)
+    with np.errstate(all="ignore"):
+        theirs = statsmodels_power(effect, n, alpha, paired)
+    finite = np.isfinite(theirs)
+    assert np.isfinite(ours).all() and ((0 <= ours) & (ours <= 1)).all()
+    np.testing.assert_allclose(ours[finite], theirs[finite], atol=1e-10)
+    assert (~finite).any()  # the grid reaches statsmodels' NaNs (from dz 2 at large n), which t_power fills
+
+
+@pytest.mark.parametrize("paired", [True, False])
+@pytest.mark.parametrize("alpha", LEVELS)
+def test_t_power_matches_its_definition_from_01_to_20(paired, alpha):
+    for effect in EFFECTS:
+        for n in SIZES:
+            assert t_power(effect, n, alpha, paired) == pytest.approx(definition(effect, n, alpha, paired), abs=1e-7)
+
+
+def test_t_power_worked_values():
+    """The numbers of statistics.md (e), and hand-checked large effects: with 2 pairs (df 1) dz 11.25
+    has power 0.788, with 3 pairs it is above 0.99999."""
+    assert t_power(0.02 / 0.017321, 8) == pytest.approx(0.799, abs=1e-3)
+    assert t_power(0.02 / 0.017321, 9) == pytest.approx(0.857, abs=1e-3)
+    assert t_power(0.07 / 0.017321, 3) == pytest.approx(0.913, abs=1e-3)
+    assert t_power(2.0, 5, paired=False) == pytest.approx(0.791, abs=1e-3)
+    assert t_power(2.0, 6, paired=False) == pytest.approx(0.876, abs=1e-3)
+    assert t_power(11.25, 2) == pytest.approx(0.78807, abs=1e-5)
+    assert t_power(11.25, 3) > 0.99999
+    assert t_power(-2.0, 5) == t_power(2.0, 5)  # two-sided: the sign of the effect does not matter
+    assert t_power(0.0, 5) == pytest.approx(0.05, abs=1e-12)  # no effect: the test's level
+
+
+def test_t_power_falls_back_to_integration_where_scipy_gives_nan(monkeypatch):
+    """Should scipy's upper tail ever be NaN too, the power is integrated from the definition."""
+    real_sf = stats.nct.sf
+    monkeypatch.setattr(stats.nct, "sf", lambda *a: np.full(np.broadcast(*a).shape, np.nan))
+    effect, n = np.array([0.5, 3.0, 11.25, 20.0]), np.array([5, 4, 3, 2])
+    fallback = t_power(effect, n)
+    monkeypatch.setattr(stats.nct, "sf", real_sf)
+    np.testing.assert_allclose(fallback, t_power(effect, n), atol=1e-8)
+
+
+def is_smallest(n: int, effect: float, alpha: float, paired: bool, max_seeds: int) -> bool:
+    """Whether n is the smallest seed count from 2 reaching 80% power by `definition` (power grows
+    with n), max_seeds + 1 meaning that max_seeds does not."""
+    if n == max_seeds + 1:
+        return definition(effect, max_seeds, alpha, paired) < 0.8
+    return definition(effect, n, alpha, paired) >= 0.8 and (n == 2 or definition(effect, n - 1, alpha, paired) < 0.8)
+
+
+@pytest.mark.parametrize("paired", [True, False])
+def test_seeds_needed_from_01_to_20(paired):
+    for effect in EFFECTS:
+        assert is_smallest(seeds_needed(1.0, effect, paired=paired), effect, 0.05, paired, SEEDS_MAX), effect
+        assert is_smallest(seeds_needed(1.0, effect, 0.05 / 3, paired=paired, max_seeds=8), effect, 0.05 / 3,
+                           paired, 8), effect
+    needed = [seeds_needed(1.0, effect, paired=paired) for effect in np.linspace(0.1, 20, 200)]
+    assert all(a >= b for a, b in zip(needed, needed[1:]))  # a larger effect never needs more seeds
+
+
+def test_seeds_needed_dz_11_25_is_3_not_9():
+    assert seeds_needed(1.0, 11.25) == 3  # statsmodels: NaN power at 3..8 pairs, so 9 was returned
+    assert seeds_needed(0.0016, 0.018) == 3  # the same dz in a metric's own units
+    assert seeds_needed(1.0, 20.0) == 2 and seeds_needed(1.0, 20.0, paired=False) == 2
+    assert seeds_needed(1.0, 11.25, paired=False) == 2
+
+
+def test_a_large_gap_on_a_short_cell_is_not_futile():
+    """At look 1, size small lost a seed (2 pairs, so its seed noise is pooled with size tiny): the
+    planned dz 11.5 reaches 80% power with 3 pairs at level alpha/3. statsmodels' NaN power made this
+    comparison futile (seeds_to_decide 9 > S_max 8)."""
+    dense = [0.30, 0.28, 0.33]
+    tiny = frame({"dense": dense, "lidas": list(np.add(dense, [0.070, 0.073, 0.067]))}, metric="regbench_acc")
+    small = frame({"dense": dense, "lidas": list(np.add(dense[:2], [0.037, 0.043]))}, metric="regbench_acc",
+                  size="small")
+    plan = next_seeds(pd.concat([tiny, small]), primary_metrics=("regbench_acc",))
+    row = plan.comparisons.set_index("size").loc["small"]
+    assert row["sigma_pooled"] and row["plan_delta"] / row["sigma"] == pytest.approx(11.55, abs=0.01)
+    assert row["seeds_to_decide"] == 3 and row["verdict"] == "continue"
+    assert t_power(row["plan_delta"] / row["sigma"], 5, 0.05 / 3) > 0.98  # the next look's power
+    assert plan.decision == "continue" and plan.n_more == 2
