@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: setup run test bench lock clean nanotron-env nanotron-lock
+.PHONY: setup run test bench docs lock clean nanotron-env nanotron-lock
 
 setup: $(STAMP)
 
@@ -24,14 +24,25 @@ run: setup
 # files each (module fixtures are built once; one file holds the Slurm tests): most tests wait on
 # processes (Ray start-up, kills, polling), so two overlap well even on 2 cores.
 # nanotron-env: the side environment for nanotron's own loader and checkpoint code (below).
+# The docs site is built --strict too, so a broken link, a missing page or a missing include fails
+# (never with --quiet, which hides the warnings that --strict counts).
 test: setup nanotron-env
 	$(VENV)/bin/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
+# Each benchmark prints its tables and writes them, with the command, date, commit and cores, to
+# docs/performance/<script>.md, which docs/performance.md includes.
+BENCH_MD := docs/performance
 bench: setup
 	$(PY) -m pip install --quiet -c requirements.lock -e '.[bench]'
-	$(PY) bench/sweep_efficiency.py
-	$(PY) bench/trainer_speed.py
+	$(PY) bench/sweep_efficiency.py --markdown $(BENCH_MD)/sweep_efficiency.md
+	$(PY) bench/trainer_speed.py --markdown $(BENCH_MD)/trainer_speed.md
+	$(PY) bench/analysis_speed.py --markdown $(BENCH_MD)/analysis_speed.md
+
+# The manual (mkdocs.yml, docs/), built into outputs/site; `.venv/bin/mkdocs serve` previews it.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lock:
 	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(torch)==' > requirements.lock

@@ -353,18 +353,28 @@ def _item_noise_lines(analysis: Analysis) -> list[str]:
             *md_table(["family", "metric", "where", "items", "item SE", "seed std"], table)]
 
 
+def _look_verdicts(look: dict) -> str:
+    """A look's verdicts, each with the look that settled it (a settled verdict stays settled)."""
+    settled = {f"{c['family']}/{c['size']}": c.get("settled_at_look")
+               for c in (look.get("plan") or {}).get("comparisons", [])}
+    return ", ".join(f"{k}: {v}" + (f" (settled at look {settled[k]})" if settled.get(k) is not None else "")
+                     for k, v in sorted(look["verdicts"].items()))
+
+
 def _looks_section(analysis: Analysis) -> list[str]:
     """The looks of an adaptive sweep, as recorded by the orchestrator: the count is the honest one."""
     looks = analysis.spec.get("looks") or []
     if not looks:
         return []
     rows = [[str(look["look"]), str(look["n_looks"]), str(look["n_seeds"]), f"{look['level']:.4f}",
-             look["decision"], ", ".join(f"{k}: {v}" for k, v in sorted(look["verdicts"].items()))]
-            for look in looks]
+             look["decision"], _look_verdicts(look), str(look.get("runs_saved", 0))] for look in looks]
+    saved = sum(look.get("runs_saved", 0) for look in looks)
     lines = ["## Looks (adaptive seeding)", "",
              "Seeds were added in the declared schedule of looks; every interval of a look is at level"
-             " 1 - alpha/K (K looks), with Holm across cells.", "",
-             *md_table(["look", "of", "seeds", "level", "decision", "verdicts"], rows)]
+             " 1 - alpha/K (K looks), with Holm across cells. A comparison the rule settles keeps its verdict"
+             " at later looks, and only the arms of comparisons still open (with their baseline) get the"
+             f" next seeds: {saved} runs were not started because their arm was settled.", "",
+             *md_table(["look", "of", "seeds", "level", "decision", "verdicts", "runs saved"], rows)]
     if looks[-1]["decision"] != "continue" and looks[-1]["look"] < looks[-1]["n_looks"]:
         lines += ["", "Stopped early: estimates from an early stop are biased away from 0 (winner's curse)."]
     return lines + [""]

@@ -4,7 +4,10 @@ Times whole calls, from the tidy item table of analysis.load_items to the output
 (500 seeds x 2 families) x 1,000 weighted items and 10,000 resamples, paired and unpaired. Target:
 under 5 s each. Prints one table; the exit code is 1 when a call misses the target.
 
-    python bench/analysis_speed.py [--seeds 500] [--items 1000] [--resamples 10000] [--repeats 3]
+    python bench/analysis_speed.py [--seeds 500] [--items 1000] [--resamples 10000] [--repeats 3] [--markdown PATH]
+
+`--markdown PATH` also writes the table as markdown (bench/report.py; `make bench` writes
+docs/performance/analysis_speed.md, which docs/performance.md includes).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis import multibootstrap  # noqa: E402
+from bench.report import Report, markdown_argument  # noqa: E402
 
 TARGET_S = 5.0
 
@@ -46,7 +50,10 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--resamples", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
+    markdown_argument(parser)
     args = parser.parse_args()
+    report = Report(args.markdown, Console(width=120))
+    report.arguments(parser, args)
     items = item_table(args.seeds, args.items)
     table = Table(title=f"multibootstrap, {2 * args.seeds} runs x {args.items} items, {args.resamples} resamples,"
                         f" {os.cpu_count()} cores, best and median of {args.repeats}")
@@ -64,7 +71,8 @@ def main() -> int:
         table.add_row(pairing, f"{len(items):,}", f"{min(times):.2f} s", f"{statistics.median(times):.2f} s",
                       "yes" if min(times) < TARGET_S else "NO", f"{hb['hb_se']:.5f}", f"{hb['hb_se_seeds']:.5f}",
                       f"{hb['hb_se_items']:.5f}")
-    Console(width=120).print(table)
+    report.table(table)
+    report.write()
     return 0 if ok else 1
 
 

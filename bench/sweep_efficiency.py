@@ -12,9 +12,12 @@
    each point on its own (timed on the first 50 points).
 
     python bench/sweep_efficiency.py [--size tiny] [--noop-jobs 1000] [--noop-rounds 3] [--skip-sweep] [--store DIR]
+                                     [--markdown PATH]
 
 The no-op jobs run untracked (tracker=none): a W&B session per job would be measured instead.
 `--store DIR` keeps the stores (DIR/sweep, DIR/noop/round*) to read the sweep's report afterwards.
+`--markdown PATH` also writes the tables as markdown (bench/report.py; `make bench` writes
+docs/performance/sweep_efficiency.md, which docs/performance.md includes).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import Report, markdown_argument  # noqa: E402
 from orchestrator import grid  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.config import hydra_session, typed_run  # noqa: E402
@@ -41,6 +45,7 @@ from orchestrator.plan import plan  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 
 console = Console()
+report = Report(None, console)
 
 
 def _t(stamp: str) -> float:
@@ -64,7 +69,7 @@ def makespan(size: str, root: Path) -> None:
         table.add_column(col, justify="right")
     table.add_row(str(len(spans)), f"{busy:.1f}s", f"{busy / cores:.1f}s", f"{phase:.1f}s",
                   f"{phase / (busy / cores):.3f}", f"{wall:.1f}s")
-    console.print(table)
+    report.table(table)
 
 
 def noop_grid(n: int, root: Path) -> list[str]:
@@ -132,7 +137,7 @@ def overhead(n: int, root: Path, rounds: int) -> None:
             ("full path, first sweep (workers import torch)", cold)]
     for name, wall in rows:
         table.add_row(name, f"{wall:.2f}s", f"{wall / n * 1e3:.2f}ms", f"{wall / raw_s:.2f}")
-    console.print(table)
+    report.table(table)
 
 
 def planning(n: int, root: Path, alone: int = 50) -> None:
@@ -153,7 +158,7 @@ def planning(n: int, root: Path, alone: int = 50) -> None:
                   f"{per_point * n:.1f}s", f"{per_point * 1e3:.1f}ms", f"{per_point * n / batched:.1f}")
     table.add_row("the sweep's (group choices once, values on copies)", f"{batched:.1f}s",
                   f"{batched / n * 1e3:.1f}ms", "1.0")
-    console.print(table)
+    report.table(table)
 
 
 if __name__ == "__main__":
@@ -163,10 +168,13 @@ if __name__ == "__main__":
     parser.add_argument("--noop-rounds", type=int, default=3)
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--store", type=Path, help="keep the stores here (default: a temporary directory)")
+    markdown_argument(parser)
     args = parser.parse_args()
+    report.arguments(parser, args)
     with tempfile.TemporaryDirectory() as tmp:
         base = args.store or Path(tmp)
         if not args.skip_sweep:
             makespan(args.size, base / "sweep")
         overhead(args.noop_jobs, base / "noop", args.noop_rounds)
         planning(args.noop_jobs, base / "plan")
+    report.write()

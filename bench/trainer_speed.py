@@ -10,9 +10,11 @@
 3. LIDAS against dense: wall time of whole training runs at equal steps next to the FLOP ratio
    of the schedule (shallow stages cost less).
 
-    python bench/trainer_speed.py [--size small] [--threads 2] [--rounds 5] [--lidas-steps 300]
+    python bench/trainer_speed.py [--size small] [--threads 2] [--rounds 5] [--lidas-steps 300] [--markdown PATH]
 
 transformers comes from the `bench` extra: `pip install -c requirements.lock -e '.[bench]'`.
+`--markdown PATH` also writes the tables as markdown (bench/report.py; `make bench` writes
+docs/performance/trainer_speed.md, which docs/performance.md includes).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import Report, markdown_argument  # noqa: E402
 from jobs.families import build_model  # noqa: E402
 from jobs.flops import flop_ratio, flops_per_token  # noqa: E402
 from jobs.model import ModelConfig  # noqa: E402
@@ -37,6 +40,7 @@ from jobs.train import train, train_step  # noqa: E402
 from orchestrator.config import compose_run, hydra_session  # noqa: E402
 
 console = Console()
+report = Report(None, console)
 
 
 def config(size: str, family: str = "dense", *extra: str):
@@ -146,8 +150,8 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
     for name, label in labels.items():
         table.add_row(label, f"{median[name] * 1e3:.1f}ms", f"{tokens / median[name]:,.0f}",
                       f"{median['HF'] / median[name]:.2f}")
-    console.print(table)
-    console.print(f"max |logit gap| between the two at init: {gap:.1e}")
+    report.table(table)
+    report.note(f"max |logit gap| between the two at init: {gap:.1e}")
 
     peak = matmul_peak(threads)
     per_token = flops_per_token(m, m.n_layers, cfg.data.seq_len)
@@ -157,7 +161,7 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
         mfu.add_column(col, justify="right")
     mfu.add_row(f"{per_token:,}", f"{achieved / 1e9:.1f} GFLOP/s", f"{peak / 1e9:.1f} GFLOP/s",
                 f"{achieved / peak:.1%}")
-    console.print(mfu)
+    report.table(mfu)
 
 
 def lidas_vs_dense(size: str, threads: int, steps: int, repeats: int) -> None:
@@ -177,7 +181,7 @@ def lidas_vs_dense(size: str, threads: int, steps: int, repeats: int) -> None:
         table.add_column(col, justify="right")
     table.add_row(f"{dense:.1f}s", f"{lidas:.1f}s", f"{lidas / dense:.3f}",
                   f"{flop_ratio(cfgs['lidas'].family, cfgs['lidas'].model, steps, cfgs['lidas'].data.seq_len):.3f}")
-    console.print(table)
+    report.table(table)
 
 
 def _train_wall(cfg, run_dir: Path, stream) -> float:
@@ -195,6 +199,9 @@ if __name__ == "__main__":
     parser.add_argument("--lidas-size", default="tiny")
     parser.add_argument("--lidas-steps", type=int, default=300)
     parser.add_argument("--lidas-repeats", type=int, default=2)
+    markdown_argument(parser)
     args = parser.parse_args()
+    report.arguments(parser, args)
     throughput(args.size, args.threads, args.rounds, args.steps_per_round)
     lidas_vs_dense(args.lidas_size, 1, args.lidas_steps, args.lidas_repeats)
+    report.write()

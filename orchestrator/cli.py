@@ -1,4 +1,4 @@
-"""`python -m orchestrator sweep|status|report|cancel|wandb-sync|run-one`: arguments in, lines
+"""`python -m orchestrator sweep|status|report|cancel|wandb-sync|wandb-dashboard|run-one`: arguments in, lines
 out; the work is the Sweep's (orchestrator/sweep.py).
 
 Every command takes the store as `store.root=<dir>` (as `sweep` does; `--store <dir>` is the
@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from common.settings import ConfigError
 from orchestrator import sweep as sweeps
-from orchestrator import tracking
+from orchestrator import tracking, workspace
 from orchestrator.store import Store, StoreError
 
 # Logs (CI, nohup) get a wide fixed width instead of rich's 80 columns, so tables stay readable.
@@ -80,6 +80,13 @@ def cmd_wandb_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_wandb_dashboard(args: argparse.Namespace) -> int:
+    """The sweep's saved W&B workspace (orchestrator/workspace.py)."""
+    store = _store(args)
+    store.read_sweep(args.sweep)
+    return workspace.publish(store, args.sweep, sweeps.latest_tracker(store, args.sweep), console)
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage mistakes in one line, like every other error (exit 2)."""
 
@@ -104,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                 ("report", cmd_report, "rebuild and print a sweep's report", "?", "sweep name (default: the latest)"),
                 ("cancel", cmd_cancel, "scancel a sweep's Slurm jobs (cluster=slurm, slurm_array)", None, "sweep name"),
                 ("wandb-sync", cmd_wandb_sync, "upload a sweep's offline W&B runs (wandb sync)", None, "sweep name"),
+                ("wandb-dashboard", cmd_wandb_dashboard, "create the sweep's W&B workspace (offline: its "
+                 "specification in the sweep's folder)", None, "sweep name"),
                 ("run-one", cmd_run_one, "run one run's jobs in this process (a slurm_array task)", None,
                  "run id (runs/<run_id>/config.yaml in the store)"))
     for cmd, fn, text, nargs, what in commands:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import re
 import sys
 from collections import Counter
@@ -23,7 +24,7 @@ from rich.table import Table
 
 import analysis
 from common.atomic import write_json
-from common.settings import ConfigError
+from common.settings import ConfigError, to_dict
 from jobs.flops import flop_ratio
 from orchestrator import grid, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
@@ -102,8 +103,9 @@ class Sweep:
                 self.console.print(r.config.backend.dry_run_text(r.config, r.run_id, self.store.run_dir(r.run_id)),
                                    markup=False, soft_wrap=True)
         self.executor.describe(runs, self.name, self.overrides, self.store, self.console)
-        self.console.print(f"sweep {self.name}: {len(runs)} runs, {len(new)} to do (dry run: nothing "
-                           f"{'submitted or ' if not self.executor.synchronous else ''}written)")
+        self.console.print(f"sweep {self.name}: {len(runs)} runs, {len(new)} to do; dry run, nothing "
+                           f"{'submitted or ' if not self.executor.synchronous else ''}written",
+                           markup=False, soft_wrap=True)
         return 0
 
     # -- running -------------------------------------------------------------------------------
@@ -132,36 +134,52 @@ class Sweep:
         return self.executor.run(runs, self.name, self.overrides, self.store, self.console)
 
     def _looks(self, runs: list[PlannedRun]) -> int:
-        """The declared looks (statistics.md (f)): seeds 0..n-1 at each, then the rule decides."""
+        """The declared looks (statistics.md (f)): each arm (family, size, cell) runs seeds 0..n-1;
+        after each look the rule decides, a comparison it settles stays settled (its verdict and
+        look are recorded in sweep.yaml), and only the arms still open get the next seeds."""
         a = self.adaptive
         families = {c.family.name for c in self.configs}
         if a.baseline not in families or len(families) < 2:
             raise ConfigError(f"adaptive.baseline={a.baseline}: the sweep's families are "
                               f"{sorted(families)}; include the baseline and at least one other family")
-        looks, n, failed = a.schedule, a.schedule[0], False
+        arms = {run_id(dataclasses.replace(c, seed=0)): c for c in self.configs}  # distinct non-seed configs
+        seeds = dict.fromkeys(arms, a.schedule[0])
+        plans: list[dict] = []  # this invocation's looks: a restart replays them on the same seeds
+        failed = False
         with self.executor.session():
             while True:
                 failed |= FAILED in self._execute(runs).statuses.values()
-                decision = analysis.next_seeds(analysis.load(self.store.root, self.name), looks=looks,
-                                               alpha=a.alpha, delta_min=a.delta_min, baseline=a.baseline,
-                                               primary_metrics=(a.metric,))
-                verdicts = {f"{r['family']}/{r['size']}": r["verdict"]
-                            for _, r in decision.comparisons.iterrows()}
-                self.store.record_look(self.name, {
-                    "look": decision.look, "n_looks": decision.n_looks, "n_seeds": decision.n_seeds,
-                    "level": decision.level, "decision": decision.decision, "n_more": decision.n_more,
-                    "verdicts": verdicts,
-                    "rule": {k: getattr(a, k) for k in ("metric", "alpha", "delta_min", "baseline", "looks",
-                                                         "max_seeds")}})
-                self.console.print(f"look {decision.look}/{decision.n_looks} at {decision.n_seeds} seeds "
-                                   f"(level {decision.level:.4f}): {decision.decision}"
-                                   + (f", adding {decision.n_more} seeds" if decision.decision == "continue" else "")
-                                   + "; " + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
+                decision = analysis.next_seeds(
+                    analysis.load(self.store.root, self.name), looks=a.schedule, alpha=a.alpha,
+                    delta_min=a.delta_min, baseline=a.baseline, primary_metrics=(a.metric,),
+                    settled=analysis.settled_verdicts(plans))
+                plans.append(decision.to_record())
+                self._record_look(decision, plans[-1])
                 if decision.decision != "continue" or decision.n_more <= 0:
                     break
-                n += decision.n_more
-                runs = plan(self._with_seeds(range(n)), self.store)
+                for key, c in arms.items():
+                    if decision.needs_seeds(c.family.name, c.model.name, _cell(c, decision.cell_keys)):
+                        seeds[key] += decision.n_more
+                runs = plan([dataclasses.replace(copy.deepcopy(c), seed=s) for key, c in arms.items()
+                             for s in range(seeds[key])], self.store)
         return self.report() or (1 if failed else 0)
+
+    def _record_look(self, decision: Any, record: dict) -> None:
+        a = self.adaptive
+        verdicts = {f"{r['family']}/{r['size']}": r["verdict"] for _, r in decision.comparisons.iterrows()}
+        self.store.record_look(self.name, {
+            "look": decision.look, "n_looks": decision.n_looks, "n_seeds": decision.n_seeds,
+            "level": decision.level, "decision": decision.decision, "n_more": decision.n_more,
+            "runs_saved": decision.runs_saved, "verdicts": verdicts, "plan": record,
+            "rule": {k: getattr(a, k) for k in ("metric", "alpha", "delta_min", "baseline", "looks", "max_seeds")}})
+        settled = {f"{c['family']}/{c['size']}": c["settled_at_look"] for c in record["comparisons"]
+                   if c["settled_at_look"] is not None}
+        self.console.print(f"look {decision.look}/{decision.n_looks} at {decision.n_seeds} seeds "
+                           f"(level {decision.level:.4f}): {decision.decision}"
+                           + (f", adding {decision.n_more} seeds to {len(decision.open_arms)} arms"
+                              if decision.decision == "continue" else "")
+                           + "; " + ", ".join(f"{k} {v}" + (f" (settled at look {settled[k]})" if k in settled else "")
+                                              for k, v in verdicts.items()))
 
     def report(self) -> int:
         return report(self.store, self.name, self.console, self.configs[0].tracker)
@@ -169,6 +187,18 @@ class Sweep:
 
 # ---------------------------------------------------------------------------------------------
 # An existing sweep, from the store
+
+def _cell(cfg: RunConfig, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The values of the cell keys (dotted config keys) of a run config, as the analysis reads them
+    from config.yaml (lists and mappings as JSON text)."""
+    out, plain = {}, to_dict(cfg)
+    for key in keys:
+        value: Any = plain
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        out[key] = json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
+    return out
+
 
 def report(store: Store, name: str, console: Console, tracker: Optional[tracking.TrackerConfig] = None) -> int:
     """Analyse the sweep's finished runs: report files, the console summary, W&B's summary run."""
@@ -187,13 +217,13 @@ def report(store: Store, name: str, console: Console, tracker: Optional[tracking
     path = analysis.save_report(result, store.root)
     console.print(analysis.render_summary(result))
     console.print(f"report: {path}")
-    tracker = tracker or _latest_tracker(store, name)
+    tracker = tracker or latest_tracker(store, name)
     if logged := tracking.log_sweep(store, name, result, tracker):  # never raises
         console.print(f"W&B: sweep summary logged as run {logged} under {store.root / tracking.WANDB_DIR}")
     return 0
 
 
-def _latest_tracker(store: Store, name: str) -> tracking.TrackerConfig:
+def latest_tracker(store: Store, name: str) -> tracking.TrackerConfig:
     """The tracker section of the sweep's latest invocation (its recorded `tracker` overrides)."""
     overrides = [o for o in store.read_sweep(name).get("overrides", [])
                  if re.split(r"[.=]", o.lstrip("+~"), maxsplit=1)[0] == "tracker"]

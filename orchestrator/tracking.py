@@ -28,6 +28,7 @@ from orchestrator.identity import run_label
 from orchestrator.store import Store, now
 
 WANDB_DIR = "wandb"  # under the store root; W&B's own run directories, staging files and logs
+ONLINE = ("online", "run")  # the W&B modes that talk to the server
 TRAIN_KEYS = ("loss", "lr", "n_layers", "tokens", "flops", "tokens_per_s")  # trainer's reports
 
 # Credentials never reach W&B: keys named like one, and values shaped like one (long hex such as a
@@ -87,7 +88,7 @@ def _warn(message: str) -> None:
             f.write(f"{now()} pid {os.getpid()} {message}\n")
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     return next((s.strip() for s in str(e).splitlines() if s.strip()), type(e).__name__)
 
 
@@ -99,7 +100,7 @@ def _guarded(fallback: Callable[[], Any]) -> Callable:
             try:
                 return fn(*args, **kwargs)
             except Exception as e:  # noqa: BLE001
-                _warn(f"{fn.__name__} failed ({type(e).__name__}: {_first_line(e)}); not tracked")
+                _warn(f"{fn.__name__} failed ({type(e).__name__}: {first_line(e)}); not tracked")
                 return fallback()
         return guarded
     return wrap
@@ -158,7 +159,7 @@ class Tracker:
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - W&B may raise anything; tracking must not
-            _warn(f"{what} failed ({_first_line(e)}); this run is no longer tracked")
+            _warn(f"{what} failed ({first_line(e)}); this run is no longer tracked")
             run, self._run = self._run, None
             if what != "finish":
                 with contextlib.suppress(Exception):
@@ -219,11 +220,11 @@ def _init(tracker: TrackerConfig, root: Path, packages: bool = True, **run: Any)
     try:
         import wandb
     except ImportError as e:
-        _warn(f"not installed ({_first_line(e)}); {run['name']} is not tracked")
+        _warn(f"not installed ({first_line(e)}); {run['name']} is not tracked")
         return None
     _keep_in(root / WANDB_DIR)
-    mode = tracker.mode or os.environ.get("WANDB_MODE") or "offline"
-    online = mode in ("online", "run")
+    mode = wandb_mode(tracker)
+    online = mode in ONLINE
     if online and _base_url() in _online_failed:
         mode, online = "offline", False
     settings = dict(init_timeout=tracker.init_timeout_s,
@@ -241,7 +242,7 @@ def _init(tracker: TrackerConfig, root: Path, packages: bool = True, **run: Any)
                 _online_failed.add(_base_url())
                 wandb.teardown()  # the failed run still holds its id in W&B's service
             then = "logging offline (upload later with `wandb-sync`)" if fallback else "not tracked"
-            _warn(f"{attempt} init of {run['name']} failed ({_first_line(e)}); {then}")
+            _warn(f"{attempt} init of {run['name']} failed ({first_line(e)}); {then}")
     return None
 
 
@@ -383,3 +384,19 @@ def unreachable(timeout_s: float = 5.0) -> Optional[str]:
     except OSError as e:
         return f"cannot reach the W&B server {url} ({e.strerror or e})"
     return None
+
+
+def wandb_mode(tracker: TrackerConfig) -> str:
+    """tracker.mode, else $WANDB_MODE; offline by default."""
+    return tracker.mode or os.environ.get("WANDB_MODE") or "offline"
+
+
+def online(tracker: TrackerConfig) -> bool:
+    return wandb_mode(tracker) in ONLINE
+
+
+def default_entity() -> str:
+    """The entity of the logged-in W&B user (needs the network and a key)."""
+    import wandb
+
+    return wandb.Api().default_entity or ""

@@ -22,7 +22,7 @@ from jobs.contract import JobResult, Progress
 from jobs.registry import get_job
 from orchestrator import tracking
 from orchestrator.identity import settings_digest
-from orchestrator.plan import bundle_of, jobs_of, processes_of, resources_of
+from orchestrator.plan import bundle_of, done, jobs_of, processes_of, resources_of
 from orchestrator.store import DONE, Store
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: str,
         # Damaged files (store.problems) are moved aside and their jobs redone. Only this
         # process writes the state until the claim ends, so it is kept, not read again.
         state = store.recover(run_id, jobs)
-        if state.get("jobs", {}).get(job, {}).get("status") == DONE:
+        if done(state, job, cfg):
             return "cached"
         store.write_config(run_id, cfg)
         state = store.start_job(run_id, job, jobs, state, node_id=_node_id(),  # where it runs (Ray node ids)
@@ -148,7 +148,7 @@ def execute_nodes(job: str, run_id: str, store_root: str, cfg: Any, *after: str)
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    if Store(store_root).job_state(run_id, job).get("status") == DONE:
+    if done(Store(store_root).read_state(run_id), job, cfg):
         return "cached"
     nodes, _ = processes_of(cfg, job)
     bundle = bundle_of(cfg, job)

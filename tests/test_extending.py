@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 PLUGINS = Path(__file__).parent / "plugins"
-GRID = ["size=micro", "family=dense,lidas", "seed=0,1", "tracker=none", "train.steps=12", "train.warmup_steps=2",
-        "train.log_every=2", "train.checkpoint_every=6"]
+GRID = ["size=micro", "family=dense,lidas", "seed=0", "tracker=none", "train.steps=8", "train.warmup_steps=1",
+        "train.log_every=2", "train.checkpoint_every=4"]
 
 
 def sweep(root: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -354,3 +354,38 @@ def test_wandb_errors_are_warnings_never_failures(tmp_path, base_cfg, monkeypatc
     assert not tracker.active
     tracker.record({"metrics": {"x": 1.0}})
     tracker.finish()
+
+
+def test_the_wandb_workspace_of_a_real_offline_sweep(swept, capsys, monkeypatch):
+    """Built with wandb-workspaces from what the store holds; offline its specification is written
+    to the sweep's folder (no network is touched)."""
+    import wandb_workspaces.reports.v2 as wr
+    from wandb_workspaces import expr
+
+    from orchestrator import workspace
+
+    root, rid = swept
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    store = Store(root)
+    built = workspace.build(store, "t", micro().tracker)
+    assert [s.name for s in built.sections] == ["Training", "Evaluation", "Sweep summary"]
+    training, evaluation, summary = (s.panels for s in built.sections)
+    assert [p.y for p in training] == [["train/loss"], ["train/loss"], ["train/n_layers"], ["train/lr"],
+                                       ["train/tokens_per_s"]]
+    assert training[1].x == "train/flops" and all(p.groupby_rangefunc == "minmax" for p in training)
+    bar, scatter, chart, table = evaluation
+    assert isinstance(bar, wr.BarPlot) and bar.metrics == ["regbench_tvd", "ngram1_tvd", "ngram2_tvd", "ngram3_tvd"]
+    assert (scatter.x, scatter.y) == (expr.Summary("train_flops"), expr.Summary("regbench_tvd"))
+    assert isinstance(chart, wr.CustomChart) and table.table_name == "curves/tvd_by_context"
+    assert [p.table_name for p in summary[:2]] == ["comparisons", "cells"]
+    assert "plots/forest" in summary[2].media_keys
+    assert built.runset_settings.groupby == [expr.Metric("Group")]
+    (only,) = built.runset_settings.filters
+    assert only == expr.Metric("Group").isin(["t/dense-micro", "t"])
+
+    assert main(["wandb-dashboard", "t", f"store.root={root}"]) == 0
+    out = capsys.readouterr().out
+    assert "W&B workspace specification written to" in out and "WANDB_MODE=online" in out
+    spec = json.loads((root / "sweeps" / "t" / "wandb_workspace.json").read_text())
+    assert [s["name"] for s in spec["sections"]] == ["Training", "Evaluation", "Sweep summary"]
+    assert spec["project"] == "depthgrowth" and spec["name"] == "sweep t"
