@@ -1,5 +1,5 @@
 """Item-level resampling: the hierarchical seed x item bootstrap and the item noise of one run
-(design/statistics.md, sections c and a).
+(docs/statistics.md, sections c and a).
 
 Input is the per-example table of `analysis.load_items` (family, size, seed, metric, item_id, score,
 weight, optional cluster_id). An item's score is its mean over `weight` positions (RegBench: the valid

@@ -1,4 +1,4 @@
-"""The report's figures, drawn from tidy tables (design/statistics.md, section g).
+"""The report's figures, drawn from tidy tables (docs/statistics.md, section g).
 
 Every function takes frames that already carry a `group` column (the size and cell-key values as
 text, such as "tiny, train.lr=0.003", in the order to show them) and the families in their report

@@ -1,4 +1,4 @@
-"""Adding seeds until decisive: the pre-declared group-sequential stopping rule (design/statistics.md, f).
+"""Adding seeds until decisive: the pre-declared group-sequential stopping rule (docs/statistics.md, f).
 
 Re-testing at 95% after every new seed and stopping when the interval excludes 0 inflates the
 false-positive rate, so seeds are added in a declared schedule of looks (default n = 3, 5, 8; K = 3,

@@ -1,4 +1,4 @@
-"""Seed-level statistics for multi-seed comparisons (design/statistics.md, sections a, b, d, e), with the
+"""Seed-level statistics for multi-seed comparisons (docs/statistics.md, sections a, b, d, e), with the
 item-level columns of `analysis.bootstrap` (c) when per-example outputs are given.
 
 The unit of replication is the seed. Every function takes the long table of `analysis.load`

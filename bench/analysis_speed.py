@@ -1,4 +1,4 @@
-"""Speed of the hierarchical seed x item bootstrap (analysis.multibootstrap, design/statistics.md c).
+"""Speed of the hierarchical seed x item bootstrap (analysis.multibootstrap, docs/statistics.md c).
 
 Times whole calls, from the tidy item table of analysis.load_items to the outputs, for 1,000 runs
 (500 seeds x 2 families) x 1,000 weighted items and 10,000 resamples, paired and unpaired. Target:

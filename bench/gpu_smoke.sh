@@ -2,7 +2,7 @@
 # GPU smoke check, for a CUDA machine (a few minutes):
 #  1. the torch backend trains size=small on one GPU in bf16 for a few hundred steps; prints
 #     tokens/s and the model-FLOPs rate as a fraction of a measured bf16 matmul peak;
-#  2. when nanotron is installed (README, "nanotron backend") and NANOTRON_DIR points at its
+#  2. when nanotron is installed (docs/nanotron.md) and NANOTRON_DIR points at its
 #     checkout, a 2-stage LIDAS nanotron run of size=micro (random tokens), with its evaluation
 #     loading the final nanotron checkpoint through the bridge.
 # Usage: bench/gpu_smoke.sh [steps]   (PYTHON=... to pick the interpreter; OUT=... for the store)

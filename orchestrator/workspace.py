@@ -59,11 +59,12 @@ def build(store: Store, sweep: str, tracker: tracking.TrackerConfig, entity: str
         label = metrics[name].label
         evaluation.append(wr.BarPlot(title=f"{label} and the reference estimators",
                                      metrics=[name, *metrics[name].references], **band))
-        evaluation += [wr.ScatterPlot(title=f"{label} against {metrics[cost].label}", x=expr.Summary(cost),
-                                      y=expr.Summary(name)) for cost in costs]
+        evaluation += [wr.ScatterPlot(title=f"{label} against {metrics[cost].label}", x=wr.SummaryMetric(cost),
+                                      y=wr.SummaryMetric(name)) for cost in costs]
     for name, spec in sorted(curves.items()):
         if spec.kind == "line":
-            evaluation.append(wr.CustomChart.from_table(f"curves/{name}", chart_fields={"x": spec.x, "y": spec.y}))
+            evaluation.append(wr.CustomChart.from_table(f"curves/{name}", chart_fields={"x": spec.x, "y": spec.y},
+                                                            chart_strings={"title": spec.title}))
             evaluation.append(wr.WeavePanelSummaryTable(table_name=f"curves/{name}"))
     plots = sorted(p.stem for p in (store.sweep_dir(sweep) / "plots").glob("*.png"))
     summary = [wr.WeavePanelSummaryTable(table_name="comparisons"), wr.WeavePanelSummaryTable(table_name="cells"),

@@ -1,4 +1,4 @@
-"""The hierarchical seed x item bootstrap (design/statistics.md, c): Example C exactly and by Monte
+"""The hierarchical seed x item bootstrap (docs/statistics.md, c): Example C exactly and by Monte
 Carlo, the exact enumeration against a direct transcription of the definition, and item noise."""
 
 import itertools

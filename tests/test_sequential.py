@@ -1,4 +1,4 @@
-"""The group-sequential stopping rule (design/statistics.md, f): Example A at look 1 of 3, and
+"""The group-sequential stopping rule (docs/statistics.md, f): Example A at look 1 of 3, and
 decisive, equivalent, futile and inconclusive stops on synthetic sweeps."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Worked examples of design/statistics.md (tolerance 1e-4) and the behaviour of summarize/compare."""
+"""Worked examples of docs/statistics.md (tolerance 1e-4) and the behaviour of summarize/compare."""
 
 import math
 
