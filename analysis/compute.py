@@ -78,8 +78,10 @@ def options_for(spec: Mapping, metric_specs: Mapping[str, MetricSpec], kinds: se
 
 
 def confirmatory(metric_specs: Mapping[str, MetricSpec], kinds: set[str]) -> tuple[str, ...]:
-    """The metrics of the confirmatory family for these data kinds, as the jobs declare it."""
-    return tuple(sorted(name for name, spec in metric_specs.items() if kinds & set(spec.confirmatory_for)))
+    """The metrics of the confirmatory family for these data kinds, as the jobs declare it: the
+    headline metric first, then by name."""
+    return tuple(sorted((name for name, spec in metric_specs.items() if kinds & set(spec.confirmatory_for)),
+                        key=lambda name: (not kinds & set(metric_specs[name].headline_for), name)))
 
 
 def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None = None) -> Analysis:

@@ -15,13 +15,15 @@ from analysis.text import has, where
 
 @dataclass(frozen=True)
 class Plot:
-    """One figure of the report: its file stem under plots/, heading and legend in words, and the
-    figure, or None with the reason it was not drawn."""
+    """One figure of the report: its file stem under plots/, heading and legend in words, the
+    figure, or None with the reason it was not drawn, and the report section it belongs to (the
+    section of the metrics or curve it shows; "" = on its own)."""
     name: str
     title: str
     caption: str
     figure: Figure | None
     missing: str = ""
+    section: str = ""
 
 
 def grouped(analysis: Analysis, table: pd.DataFrame) -> pd.DataFrame:
@@ -52,7 +54,7 @@ def _seed_plot(analysis: Analysis, metric: str) -> Plot:
                 f" and {level} t-interval over seeds"
                 + ("; horizontal lines: the reference estimators." if not refs.empty else "."),
                 plots.seed_dots(values, cells, lines, families(analysis), analysis.label(metric)),
-                f"no finished run has {metric}")
+                f"no finished run has {metric}", analysis.spec_of(metric).section)
 
 
 def _line_plot(analysis: Analysis, name: str) -> Plot:
@@ -62,7 +64,7 @@ def _line_plot(analysis: Analysis, name: str) -> Plot:
                 plots.context_curves(_keyed(analysis, curves) if not curves.empty else curves, families(analysis),
                                      spec.x, spec.y, {r: analysis.label(r) for r in spec.references},
                                      analysis.label(spec.y), spec.x_label, spec.count),
-                f"no finished run has curves.{name} in its metrics.json")
+                f"no finished run has curves.{name} in its metrics.json", spec.section)
 
 
 def _cost_plot(analysis: Analysis) -> Plot:
@@ -81,7 +83,13 @@ def _cost_plot(analysis: Analysis) -> Plot:
                 f"Per family and size, the mean of each primary metric against mean {what}, bars: {level}"
                 " t-intervals over seeds (none along FLOPs when every seed used the same compute); families"
                 " are moved a few pixels sideways so equal-compute points stay visible.",
-                plots.score_vs_flops(points, families(analysis)), f"no finished run has {what}")
+                plots.score_vs_flops(points, families(analysis)), f"no finished run has {what}",
+                _cost_section(analysis))
+
+
+def _cost_section(analysis: Analysis) -> str:
+    """The section of the training job's figures: the one that records the cost (training FLOPs)."""
+    return next((spec.section for spec in analysis.metric_specs.values() if spec.cost), "")
 
 
 def draw(analysis: Analysis) -> list[Plot]:
@@ -102,7 +110,7 @@ def draw(analysis: Analysis) -> list[Plot]:
              f"Mean over seeds, band: {plots.BAND}; left against step, right against cumulative training"
              " FLOPs; triangles: steps where lidas grew deeper. The first steps are cut off at the top.",
              plots.loss_curves(_keyed(analysis, analysis.history), families(analysis)),
-             "no finished run has a history.parquet"),
+             "no finished run has a history.parquet", _cost_section(analysis)),
         _cost_plot(analysis),
         *[_line_plot(analysis, name) for name, spec in sorted(analysis.curve_specs.items()) if spec.kind == "line"],
     ]

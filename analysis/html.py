@@ -1,6 +1,7 @@
 """report.html: report.md converted by markdown-it-py (CommonMark with tables), so the two cannot
 drift apart, as one self-contained page: styled inline, every figure embedded as a data URI, no
-file or network reference left."""
+file or network reference left. report.md's only raw HTML is its <details> folds (table cells
+are escaped, analysis/text.py); headings get GitHub's anchors, so the contents' links work."""
 from __future__ import annotations
 
 import base64
@@ -9,18 +10,24 @@ from collections.abc import Mapping
 
 from markdown_it import MarkdownIt
 
+from analysis.text import slugs
+
 STYLE = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;line-height:1.45}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}
 th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}th{background:#f2f2f2}
 code{background:#f4f4f4;padding:0 .2rem}img{max-width:100%;height:auto}h1,h2{border-bottom:1px solid #ddd}
-blockquote{border-left:4px solid #c33;margin:.5rem 0;padding:.1rem .8rem;background:#fff5f5}"""
+blockquote{border-left:4px solid #c33;margin:.5rem 0;padding:.1rem .8rem;background:#fff5f5}
+details{margin:.4rem 0}summary{cursor:pointer;font-weight:600}"""
 
 
 def render_html(markdown: str, images: Mapping[str, bytes]) -> str:
     """`markdown` (report.md) as one page; `images` maps each image path it links to (relative to
     the report) to its PNG bytes."""
-    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    md = MarkdownIt("commonmark", {"html": True}).enable("table")
     tokens = md.parse(markdown)
+    headings = [(token, tokens[i + 1].content) for i, token in enumerate(tokens) if token.type == "heading_open"]
+    for (token, _), slug in zip(headings, slugs([title for _, title in headings])):
+        token.attrSet("id", slug)
     for token in tokens:
         for child in token.children or []:
             if child.type == "image":

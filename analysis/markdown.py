@@ -4,6 +4,7 @@ evaluation added later is reported without a change here. Deterministic: built o
 analysis, sorted throughout."""
 from __future__ import annotations
 
+import html
 from typing import Callable
 
 import pandas as pd
@@ -13,10 +14,13 @@ from analysis.compute import (Analysis, confirmatory_rows, families, family_size
                               not_beating_references, position, primary, references, seed_means)
 from analysis.figures import Plot, draw
 from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
-from analysis.stats import BOOT_RELIABLE_N, DECIDED, EQUIVALENT_VERDICTS, SEEDS_MAX, p_min_mannwhitney, p_min_signflip
-from analysis.text import (CORRECTION_LABELS, cell_text, difference, has, have, interval_text, key_texts,
-                           margins, md_table, num, p_text, plan_text, raw_interval, seeds, seeds_needed_text,
-                           seeds_text, sign, signed, text, verdict_text, where)
+from analysis.sequential import FUTILE
+from analysis.stats import (BETTER, BOOT_NOMINAL_N, BOOT_RELIABLE_N, DECIDED, EQUIVALENT_VERDICTS, SEEDS_MAX, WORSE,
+                            p_min_mannwhitney, p_min_signflip)
+from analysis.text import (CORRECTION_LABELS, cell_text, difference, flag, has, have, interval_text, key_texts, listed,
+                           margins, md_table, num, p_text, raw_interval, seeds, seeds_needed_text,
+                           seeds_text, sign, signed, slugs, text, verdict_text, where)
+from common.metrics import MetricSpec
 
 
 def _grid(analysis: Analysis, table: pd.DataFrame, sizes: list[str],
@@ -56,7 +60,8 @@ def _header(analysis: Analysis) -> list[str]:
         + "".join(f" x {k} values" for k in analysis.keys)
         + f", m = {m}); Benjamini-Hochberg over the other metrics (exploratory)",
         f"- Bootstrap: BCa over seeds, {o.n_boot} resamples, in results.parquet only"
-        f" (reliable from {BOOT_RELIABLE_N} seeds)",
+        f" (unreliable below {BOOT_RELIABLE_N} seeds, approximate below {BOOT_NOMINAL_N}: its coverage is"
+        " still under nominal there)",
         f"- Equivalence margin and planning gap: delta_min = {margins(o.delta_min)}",
         f"- Analysis seed: {o.seed}",
     ]
@@ -70,15 +75,21 @@ def _cells_line(analysis: Analysis) -> str:
             + (f"; also varying, not split on: {', '.join(unsplit)}" if unsplit else ""))
 
 
+def _metric_title(analysis: Analysis, metric: str) -> str:
+    """The metric's label, name and direction, as in "RegBench TVD (`regbench_tvd`, lower is better)"."""
+    direction = analysis.cells.loc[analysis.cells["metric"] == metric, "higher_is_better"].iloc[0]
+    better = ("descriptive, not compared" if pd.isna(direction)
+              else analysis.spec_of(metric).effect or "higher is better" if direction else "lower is better")
+    return f"{analysis.label(metric)} (`{metric}`, {better})"
+
+
 def _metric_section(analysis: Analysis, metric: str) -> list[str]:
+    """The metric's cells: per family and size, the mean and interval over seeds, with the reference
+    estimators beside them and the models' position between those."""
     cells = analysis.cells[analysis.cells["metric"] == metric]
     sizes = sorted(set(cells["size"]))
-    spec, direction = analysis.spec_of(metric), cells["higher_is_better"].iloc[0]
-    better = ("descriptive, not compared" if pd.isna(direction)
-              else spec.effect or "higher is better" if direction else "lower is better")
     rows = _grid(analysis, cells, sizes, cell_text) + _reference_rows(analysis, metric, sizes)
-    return [f"### {analysis.label(metric)} (`{metric}`, {better})", "",
-            f"Mean [{1 - analysis.options.alpha:.0%} t-interval] (n seeds).", "",
+    return [f"Mean [{1 - analysis.options.alpha:.0%} t-interval] (n seeds).", "",
             *md_table(["family", *analysis.keys, *sizes], rows), *_position_lines(analysis, metric, sizes)]
 
 
@@ -149,10 +160,11 @@ def _comparison_table(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
     """One metric's comparisons, differences in the metric's own units (candidate - baseline)."""
     hierarchical = has(rows, "hb_low")
     header = ["family", "size", *analysis.keys, f"difference [{rows['ci_level'].iloc[0]:.0%} CI]",
-              *(["hierarchical CI"] if hierarchical else []), "seeds", "p", "adjusted p", "seeds better",
-              "verdict", "seeds for 80% power"]
-    table = [[row["family"], row["size"], *key_texts(row, analysis.keys), difference(row),
-              *([interval_text(raw_interval(row, "hb_low", "hb_high"))] if hierarchical else []),
+              *(["hierarchical CI", "hierarchical p (one-sided)"] if hierarchical else []), "seeds", "p",
+              "adjusted p", "seeds better", "verdict", "seeds for 80% power"]
+    table = [[row["family"], row["size"], *key_texts(row, analysis.keys),
+              difference(row) + (" (skewed)" if flag(row, "diff_skewed") else ""),
+              *([interval_text(raw_interval(row, "hb_low", "hb_high")), p_text(row["hb_p"])] if hierarchical else []),
               seeds(row), p_text(row["p_value"]), f"{p_text(row['p_adj'])} ({CORRECTION_LABELS[row['correction']]})",
               f"{row['seed_wins']}/{row['n_pairs']}" if row["n_pairs"] else "–", row["verdict"],
               seeds_needed_text(row["seeds_needed"])]
@@ -160,55 +172,71 @@ def _comparison_table(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
     return md_table(header, table)
 
 
-def _comparison_section(analysis: Analysis) -> list[str]:
-    comparisons = analysis.comparisons
-    lines = [f"## Comparisons against {analysis.options.baseline}", ""]
-    if comparisons.empty:
-        return lines + ["No comparisons: the baseline or a second family has no finished runs."]
-    failing = not_beating_references(analysis)
-    for metric, rows in in_report_order(analysis, comparisons).groupby("metric", sort=False):
-        kind = "confirmatory, Holm" if rows["correction"].iloc[0] == "holm" else "exploratory, Benjamini-Hochberg"
-        lines += [f"### {analysis.label(metric)} ({kind})", "", *_comparison_table(analysis, rows), ""]
-        lines += [f"- {_sentence(row, analysis, failing)}" for _, row in rows.iterrows()] + [""]
-    return lines
-
-
 def _headline(row: pd.Series, analysis: Analysis) -> str:
-    """One confirmatory comparison as a claim, or as the reason it is not one yet."""
+    """A decisive confirmatory comparison as a claim, with its numbers."""
     what = f"{analysis.label(row['metric'])} at {where(row, analysis.keys)}"
     numbers = f"{difference(row)}, {seeds(row)}, Holm p = {p_text(row['p_adj'])}"
-    family, baseline = row["family"], row["baseline"]
-    if row["verdict"] == "better":
-        return f"{family} beats {baseline} on {what}: {numbers}."
-    if row["verdict"] == "worse":
-        return f"{family} is worse than {baseline} on {what}: {numbers}."
-    if row["verdict"] in EQUIVALENT_VERDICTS:
-        return f"{family} matches {baseline} within +-{row['delta_min']:g} on {what}: {numbers}."
-    if row["single_seed"]:
-        return f"No test possible: {family} vs {baseline} on {what} has {seeds(row)}; a test needs 2."
-    opening = "Stopped for futility" if row["verdict"] == "futile" else "No decision yet"
-    plan = plan_text(row)
-    return f"{opening}: {family} vs {baseline} on {what}, {numbers}" + (f"; {plan}" if plan else "") + "."
+    verb = "beats" if row["verdict"] == BETTER else "is worse than"
+    return f"{row['family']} {verb} {row['baseline']} on {what}: {numbers}."
+
+
+def _together(analysis: Analysis, rows: pd.DataFrame) -> str:
+    """Comparisons named briefly, families joined per metric and place: "lidas and looped on
+    RegBench TVD at tiny; lidas on ..."."""
+    groups = rows.assign(at=[where(row, analysis.keys) for _, row in rows.iterrows()])
+    return "; ".join(f"{listed(list(group['family']))} on {analysis.label(metric)} at {at}"
+                     for (metric, at), group in groups.groupby(["metric", "at"], sort=False))
 
 
 def _headline_section(analysis: Analysis) -> list[str]:
+    """The confirmatory comparisons: each decisive one as a claim with its numbers, the others
+    grouped by what they lack (their numbers are in the claims table below)."""
     rows = confirmatory_rows(analysis)
     lines = ["## Headline", ""]
     if rows.empty:
         return lines + ["No confirmatory comparison: the baseline or a second family has no finished runs"
                         f" of {', '.join(analysis.options.primary_metrics)}."]
-    return lines + [f"- {_headline(row, analysis)}" for _, row in rows.iterrows()]
+    baseline, single = analysis.options.baseline, rows["single_seed"].astype(bool)
+    lines += [f"- {_headline(row, analysis)}" for _, row in rows[rows["verdict"].isin([BETTER, WORSE])].iterrows()]
+    equivalent = rows[rows["verdict"].isin(EQUIVALENT_VERDICTS)]
+    if not equivalent.empty:
+        lines.append(f"- Equivalent to {baseline} within the margin ({margins(analysis.options.delta_min)}):"
+                     f" {_together(analysis, equivalent)}.")
+    futile = rows[rows["verdict"] == FUTILE]
+    if not futile.empty:
+        lines.append(f"- Stopped for futility: {_together(analysis, futile)}.")
+    open_ = rows[~rows["verdict"].isin([*DECIDED, FUTILE]) & ~single]
+    if not open_.empty:
+        more = open_["seeds_more"].dropna()
+        more = more[more > 0]  # 0: the seeds at hand would already have the power
+        counts = list(dict.fromkeys([seeds_text(int(more.min())), seeds_text(int(more.max()))]))
+        plan = (f" (about {' to '.join(counts)} more seeds would give 80% power at the margin)" if len(more) else "")
+        lines.append(f"- No decision yet: {_together(analysis, open_)}{plan}.")
+    if single.any():
+        lines.append(f"- No test possible, fewer than 2 seeds: {_together(analysis, rows[single])}.")
+    return lines + _reference_cautions(analysis)
 
 
-def _curve_sections(analysis: Analysis) -> list[str]:
-    """Each declared curve shown as a table: the top rows of each run ("ranking"), or the mean
-    over seeds at each x ("table"); "line" curves are figures."""
+def _reference_cautions(analysis: Analysis) -> list[str]:
+    """Confirmatory metrics on which a model does not beat its first reference estimator: there
+    its comparisons say nothing about the claim."""
+    failing = pd.DataFrame(sorted(not_beating_references(analysis)), columns=["metric", "family", "at"])
+    failing = failing[failing["metric"].isin(analysis.options.primary_metrics)]
+    return [f"- Caution: {listed(list(group['family']))} at {at} {'does' if len(group) == 1 else 'do'} not beat the"
+            f" {analysis.label(analysis.spec_of(metric).references[0])} estimator on {analysis.label(metric)},"
+            " so comparisons on it are meaningless there."
+            for (metric, at), group in failing.groupby(["metric", "at"], sort=True)]
+
+
+def _curve_sections(analysis: Analysis, names: set[str]) -> list[str]:
+    """Each of the curves `names` shown as a table: the top rows of each run ("ranking"), or the
+    mean over seeds at each x ("table"); "line" curves are figures."""
     lines: list[str] = []
     for name, spec in sorted(analysis.curve_specs.items()):
         frame = analysis.curves.get(name, pd.DataFrame())
-        if frame.empty or spec.kind not in ("ranking", "table"):
+        if name not in names or frame.empty or spec.kind not in ("ranking", "table"):
             continue
-        lines += [f"## {spec.title}", "", spec.caption, ""]
+        lines += [f"### {spec.title}", "", spec.caption, ""]
         if spec.kind == "ranking":
             rows = [[family, size, str(seed), "; ".join(spec.row.format(**r._asdict()) for r in run.sort_values(
                         spec.y, ascending=False, kind="stable").head(spec.top).itertuples(index=False))]
@@ -223,12 +251,13 @@ def _curve_sections(analysis: Analysis) -> list[str]:
     return lines
 
 
-def _p_value_section(analysis: Analysis) -> list[str]:
-    """Per-run p-values (declared `p_value`) with the metrics declared beside them, and their
-    combination across the seeds of a size by Fisher's method (conservative for discrete p)."""
+def _p_value_section(analysis: Analysis, section: str) -> list[str]:
+    """The section's per-run p-values (declared `p_value`) with the metrics declared beside them, and
+    their combination across the seeds of a size by Fisher's method (conservative for discrete p)."""
     lines: list[str] = []
     values = analysis.values.pivot_table(index=["family", "size", "seed"], columns="metric", values="value")
-    for metric in sorted(m for m in values.columns if analysis.spec_of(m).p_value):
+    for metric in sorted(m for m in values.columns if analysis.spec_of(m).p_value
+                         and (analysis.spec_of(m).section or OTHER_SECTION) == section):
         beside = [m for m in analysis.spec_of(metric).companions if m in values.columns]
         runs = values.dropna(subset=[metric]).reset_index()
         table = [[r["family"], r["size"], str(r["seed"]), *(num(r[m]) for m in beside), p_text(r[metric])]
@@ -237,7 +266,7 @@ def _p_value_section(analysis: Analysis) -> list[str]:
             fisher = stats.combine_pvalues(group[metric], method="fisher").pvalue
             table.append([family, size, f"all {len(group)} seeds (Fisher)", *(num(group[m].mean()) for m in beside),
                           p_text(fisher)])
-        lines += [f"## {analysis.label(metric)}", "", *md_table(
+        lines += [f"### {analysis.label(metric)}", "", *md_table(
             ["family", "size", "seed", *(analysis.label(m) for m in beside), "p"], table), ""]
     return lines
 
@@ -245,7 +274,7 @@ def _p_value_section(analysis: Analysis) -> list[str]:
 def _cost_section(analysis: Analysis) -> list[str]:
     """Each declared cost (training FLOPs) per family and size with the saving against the
     baseline, then the paper-scale table the orchestrator stored (the paper: 26% at 3B)."""
-    lines = ["## Training FLOPs", "", "Counted from each run's stage schedule (jobs/flops.py): per token at"
+    lines = ["### Training FLOPs", "", "Counted from each run's stage schedule (jobs/flops.py): per token at"
              " effective depth L, `F(L) = 6 (L P_layer + V d) + 6 L n_ctx d` with `P_layer = d H hd + 2 d K hd +"
              " H hd d + 3 d d_ff`; a run's FLOPs are `tokens_per_step * sum_s steps_s F(L_s)` over its stages."
              f" Saving = 1 - family / {analysis.options.baseline} at the same size.", ""]
@@ -267,12 +296,14 @@ def _cost_section(analysis: Analysis) -> list[str]:
                                                      "saving"], rows)]
 
 
-def _figures_section(figures: list[Plot]) -> list[str]:
-    lines = ["## Figures", "", "Each figure is also in plots/ as SVG."]
+def _figure_lines(figures: list[Plot]) -> list[str]:
+    """Each figure under its title (also in plots/ as SVG), or why it was not drawn."""
+    lines: list[str] = []
     for plot in figures:
-        lines += ["", f"### {plot.title}", ""]
+        lines += [f"### {plot.title}", ""]
         lines += ([f"![{plot.title}](plots/{plot.name}.png)", "", plot.caption] if plot.figure
                   else [f"Not drawn: {plot.missing}."])
+        lines.append("")
     return lines
 
 
@@ -410,8 +441,12 @@ def _how_to_read(analysis: Analysis) -> list[str]:
     return [
         "## How to read this", "",
         f"- **Interval.** The {1 - o.alpha:.0%} CI is a t-interval over seeds: repeated with new seeds,"
-        f" {1 - o.alpha:.0%} of intervals built this way would contain the true mean. With 3 seeds it is wide"
-        " because the seed-to-seed spread is itself barely known.",
+        f" {1 - o.alpha:.0%} of intervals built this way would contain the true mean, if the seeds' values are"
+        " near-normal. With 3 seeds it is wide because the seed-to-seed spread is itself barely known. Where"
+        " the seeds are strongly skewed (marked 'skewed', judged from 5 seeds) the promise fails: coverage"
+        " drops to about 82-92%.",
+        "- **Hierarchical p** is one-sided (the share of resamples with no improvement), unlike the two-sided"
+        " p-values beside it; halve a two-sided p before comparing the two.",
         "- **Differences** are candidate minus baseline in the metric's own units, paired by seed when pairing"
         " is paired; 'better' and 'worse' already account for whether higher or lower is better.",
         "- **Cells.** Each value of a swept config key (such as train.lr) is its own cell, and a family is"
@@ -435,16 +470,159 @@ def _how_to_read(analysis: Analysis) -> list[str]:
     ]
 
 
-def render_markdown(analysis: Analysis, figures: list[Plot] | None = None) -> str:
-    """report.md's text: headline, setup, tables, figures (drawn here unless given), how sure we are,
-    failed runs, how to read it. Deterministic: built only from the analysis, sorted throughout."""
-    figures = draw(analysis) if figures is None else figures
-    lines = [f"# Sweep `{analysis.sweep}`: results", "", *_headline_section(analysis), "", *_looks_section(analysis),
-             *_header(analysis),
-             "", "## Results per metric", ""]
+def _paper_text(spec: MetricSpec, family: str, baseline: str) -> str:
+    """The paper's single-seed figure beside a comparison: both families' values and their
+    difference, or what the paper reports for the family alone."""
+    at = f" ({spec.paper_at})" if spec.paper_at else ""
+    mine, theirs = spec.paper_value(family), spec.paper_value(baseline)
+    if mine is None:
+        return "not reported"
+    if spec.cost:
+        return f"{mine:.0%} fewer{at}"
+    if theirs is None or spec.p_value:
+        return f"{num(mine)}{at}"
+    return f"{num(mine)} vs {num(theirs)}, {signed(mine - theirs)}{at}"
+
+
+def _compared_claim_rows(analysis: Analysis, metric: str) -> list[list[str]]:
+    spec = analysis.spec_of(metric)
+    rows = in_report_order(analysis, analysis.comparisons[analysis.comparisons["metric"] == metric])
+    return [[f"{row['family']} vs {row['baseline']}, {where(row, analysis.keys)}",
+             f"{row['verdict']} ({CORRECTION_LABELS[row['correction']]} p = {p_text(row['p_adj'])})",
+             f"{difference(row)}, {seeds(row)}", _paper_text(spec, row["family"], row["baseline"])]
+            for _, row in rows.iterrows()]
+
+
+def _cost_claim_rows(analysis: Analysis, metric: str) -> list[list[str]]:
+    """A cost is counted, not sampled: the saving of each family against the baseline is exact."""
+    spec, baseline = analysis.spec_of(metric), analysis.options.baseline
+    table = seed_means(analysis, [metric])
+    base = table[table["family"] == baseline].set_index("size")[metric]
+    return [[f"{r['family']} vs {baseline}, {r['size']}", "exact (counted from the stage schedule)",
+             f"{1 - r[metric] / base[r['size']]:.1%} fewer", _paper_text(spec, r["family"], baseline)]
+            for _, r in table.iterrows() if r["family"] != baseline and r["size"] in base.index]
+
+
+def _p_value_claim_rows(analysis: Analysis, metric: str) -> list[list[str]]:
+    """A per-run p-value claim: the seeds' p-values combined by Fisher's method, beside the mean of
+    the statistic and of its chance value (the declared companions)."""
+    spec, alpha = analysis.spec_of(metric), analysis.options.alpha
+    values = analysis.values.pivot_table(index=["family", "size", "seed"], columns="metric", values="value")
+    beside = [m for m in spec.companions[:2] if m in values.columns]
+    rows = []
+    for (family, size), group in values.dropna(subset=[metric]).groupby(["family", "size"]):
+        p = stats.combine_pvalues(group[metric], method="fisher").pvalue
+        shown = " vs ".join(num(group[m].mean()) for m in beside) + (" by chance" if len(beside) == 2 else "")
+        rows.append([f"{family}, {size}", f"{'shown' if p < alpha else 'not shown'} (Fisher p = {p_text(p)})",
+                     f"{shown}, {seeds_text(len(group))} seeds", _paper_text(spec, family, analysis.options.baseline)])
+    return rows
+
+
+def _claims_section(analysis: Analysis) -> list[str]:
+    """Each claim of the paper that the sweep measured: the sweep's verdict with its interval, and
+    the paper's single-seed number beside it. The claims are declared with the metrics."""
+    table: list[list[str]] = []
+    for metric in sorted(analysis.metric_specs, key=_metric_rank(analysis)):
+        spec = analysis.spec_of(metric)
+        if not spec.claim or metric not in set(analysis.values["metric"]):
+            continue
+        rows = (_cost_claim_rows(analysis, metric) if spec.cost
+                else _p_value_claim_rows(analysis, metric) if spec.p_value
+                else _compared_claim_rows(analysis, metric))
+        table += [[f"{spec.claim} ({spec.label})" if i == 0 else "", *row] for i, row in enumerate(rows)]
+    lines = ["## Claims of the paper", ""]
+    if not table:
+        return lines + ["None of the paper's claims was measured: no finished run recorded a metric that declares one."]
+    return lines + [f"The sweep's verdict on each claim it measured ({1 - analysis.options.alpha:.0%} intervals,"
+                    " differences as candidate minus baseline) beside the paper's single-seed figure.", "",
+                    *md_table(["claim", "comparison", "verdict", "difference [CI], seeds", "paper, one seed"], table)]
+
+
+def _metric_rank(analysis: Analysis) -> Callable[[str], tuple[int, str]]:
+    """Sort key: the report order of model metrics (`metrics`), then the rest by name."""
+    order = {m: i for i, m in enumerate(metrics(analysis))}
+    return lambda metric: (order.get(metric, len(order)), metric)
+
+
+OTHER_SECTION = "Other metrics"  # for metrics whose runs were recorded without a section
+
+
+def _sections(analysis: Analysis) -> list[str]:
+    """The report sections (one per job that recorded metrics or curves), those holding the
+    confirmatory metrics first, in their order, then the others alphabetically."""
+    named = [analysis.spec_of(m).section or OTHER_SECTION for m in metrics(analysis)]
+    named += [spec.section or OTHER_SECTION for name, spec in analysis.curve_specs.items()
+              if spec.kind != "data" and not analysis.curves.get(name, pd.DataFrame()).empty]
+    primary = [analysis.spec_of(m).section or OTHER_SECTION for m in metrics(analysis)
+               if m in analysis.options.primary_metrics]
+    return list(dict.fromkeys([*primary, *sorted(set(named))]))
+
+
+def _comparison_block(analysis: Analysis, metric: str, failing: set[tuple[str, str, str]]) -> list[str]:
+    rows = in_report_order(analysis, analysis.comparisons[analysis.comparisons["metric"] == metric])
+    if rows.empty:
+        return []
+    kind = "confirmatory, Holm" if rows["correction"].iloc[0] == "holm" else "exploratory, Benjamini-Hochberg"
+    return ["", f"**{analysis.label(metric)} against {analysis.options.baseline}** ({kind}):", "",
+            *_comparison_table(analysis, rows), "",
+            *_details("Each comparison in words", [f"- {_sentence(row, analysis, failing)}" for _, row in rows.iterrows()])]
+
+
+def _details(summary: str, lines: list[str]) -> list[str]:
+    """Lines folded away in the HTML (a <details> element; markdown inside it still renders)."""
+    return ["<details>", f"<summary>{summary}</summary>", "", *lines, "", "</details>", ""]
+
+
+def _section(analysis: Analysis, title: str, figures: list[Plot]) -> list[str]:
+    """One job's results: each metric's cells and comparisons (the exploratory ones folded), its
+    tables of curves, per-run p-values and costs, and its figures."""
+    failing = not_beating_references(analysis)
+    lines = [f"## {title}", ""]
     for metric in metrics(analysis):
-        lines += [*_metric_section(analysis, metric), ""]
-    lines += [*_curve_sections(analysis), *_p_value_section(analysis), *_cost_section(analysis), "",
-              *_comparison_section(analysis), *_figures_section(figures), "", *_how_sure(analysis), "",
-              *_failed_section(analysis), "", *_how_to_read(analysis)]
-    return "\n".join(lines) + "\n"
+        spec = analysis.spec_of(metric)
+        if (spec.section or OTHER_SECTION) != title or spec.p_value:  # p-values: their own table below
+            continue
+        block = [*_metric_section(analysis, metric), *_comparison_block(analysis, metric, failing)]
+        heading = _metric_title(analysis, metric)
+        if metric in analysis.options.primary_metrics:
+            lines += [f"### {heading}", "", *block, ""]
+        else:
+            lines += _details(html.escape(heading).replace("`", "<code>", 1).replace("`", "</code>", 1), block)
+    in_section = {name for name, spec in analysis.curve_specs.items() if (spec.section or OTHER_SECTION) == title}
+    costs = [m for m in set(analysis.values["metric"]) if analysis.spec_of(m).cost
+             and (analysis.spec_of(m).section or OTHER_SECTION) == title]
+    lines += [*_curve_sections(analysis, in_section), *_p_value_section(analysis, title),
+              *(_cost_section(analysis) if costs else [])]
+    return lines + _figure_lines([plot for plot in figures if plot.section == title])
+
+
+def _toc(before: list[str], titles: list[str], after: list[str]) -> list[str]:
+    """The contents: a link to each of the sections `titles`, which start in `after`; anchors are
+    numbered over every heading of the report, as GitHub and report.html number them."""
+    headings = [line.lstrip("#").strip() for line in (*before, "## Contents", *after) if line.startswith("#")]
+    levels = [len(line) - len(line.lstrip("#")) for line in (*before, "## Contents", *after) if line.startswith("#")]
+    anchors: dict[str, str] = {}
+    for title, level, slug in zip(headings, levels, slugs(headings)):
+        if level == 2:
+            anchors.setdefault(title, slug)
+    return ["## Contents", "", *[f"- [{title}](#{anchors[title]})" for title in titles], ""]
+
+
+def render_markdown(analysis: Analysis, figures: list[Plot] | None = None) -> str:
+    """report.md's text. First screen: the headline, the paper's claims with their verdicts and
+    the forest plot; then a table of contents, one section per job (cells, comparisons, curves,
+    figures), how sure we are, failed runs, and the setup and how to read it at the end.
+    Deterministic: built only from the analysis, sorted throughout."""
+    figures = draw(analysis) if figures is None else figures
+    forest = [plot for plot in figures if plot.name == "forest"]
+    sections = _sections(analysis)
+    unplaced = [plot for plot in figures if plot not in forest and plot.section not in sections]
+    rest = {**({"Looks (adaptive seeding)": _looks_section(analysis)} if analysis.spec.get("looks") else {}),
+            **{title: _section(analysis, title, figures) for title in sections},
+            **({"Figures": ["## Figures", "", *_figure_lines(unplaced)]} if unplaced else {}),
+            "How sure are we": _how_sure(analysis), "Failed and unfinished runs": _failed_section(analysis),
+            "Setup": _header(analysis), "How to read this": _how_to_read(analysis)}
+    first = [f"# Sweep `{analysis.sweep}`: results", "", *_headline_section(analysis), "", *_claims_section(analysis),
+             "", *_figure_lines(forest)]
+    body = [line for block in rest.values() for line in (*block, "")]
+    return "\n".join([*first, *_toc(first, list(rest), body), *body]).rstrip("\n") + "\n"

@@ -2,6 +2,7 @@
 markdown report (markdown.py) and the console summary (console.py) share."""
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import pandas as pd
@@ -29,8 +30,24 @@ def margins(delta_min: float | Mapping[str, float]) -> str:
     return f"{delta_min:g}"
 
 def one_line(text: object, limit: int = 300) -> str:
-    """Text safe inside a markdown table cell: one line, pipes escaped, at most `limit` characters."""
-    return " ".join(str(text).split())[:limit].replace("|", "\\|")
+    """Text safe inside a markdown table cell: one line, pipes escaped, no raw HTML (report.md may
+    hold <details>), at most `limit` characters."""
+    return " ".join(str(text).split())[:limit].replace("|", "\\|").replace("<", "&lt;")
+
+def listed(names: list[str]) -> str:
+    """Names in a sentence: "a", "a and b", "a, b and c"."""
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 2 else names)
+
+def slugs(titles: list[str]) -> list[str]:
+    """Anchors of headings as GitHub makes them (lower case, punctuation dropped, spaces as
+    hyphens, repeats numbered), so report.md's links work there and in report.html."""
+    seen: dict[str, int] = {}
+    out = []
+    for title in titles:
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        out.append(f"{slug}-{seen[slug]}" if seen.get(slug) else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
 
 def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ([f"| {' | '.join(header)} |", f"|{'---|' * len(header)}"]
@@ -44,10 +61,18 @@ def where(row: pd.Series, keys: tuple[str, ...]) -> str:
     """The size and cell-key values of a row, as in "tiny, train.lr=0.003"."""
     return ", ".join([row["size"], *(f"{k}={v}" for k, v in zip(keys, key_texts(row, keys)))])
 
+def flag(row: pd.Series, column: str) -> bool:
+    """A boolean column's value; False where the column or its value is missing."""
+    value = row.get(column)
+    return bool(pd.notna(value) and value)
+
 def cell_text(cell: pd.Series) -> str:
+    """Mean [t-interval] (n), "skewed" where the seeds are strongly skewed: there the interval's
+    coverage promise does not hold (analysis/stats.py `is_skewed`)."""
     if cell["single_seed"]:
         return f"{num(cell['mean'])} (n=1, single seed)"
-    return f"{num(cell['mean'])} [{num(cell['ci_low'])}, {num(cell['ci_high'])}] (n={cell['n_seeds']})"
+    skewed = ", skewed" if flag(cell, "skewed") else ""
+    return f"{num(cell['mean'])} [{num(cell['ci_low'])}, {num(cell['ci_high'])}] (n={cell['n_seeds']}{skewed})"
 
 def have(row: pd.Series) -> int:
     return row["n_pairs"] if row["pairing"] == "paired" else min(row["n_candidate"], row["n_baseline"])

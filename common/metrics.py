@@ -29,6 +29,12 @@ class MetricSpec:
     p_value: a per-run p-value; the report combines it across seeds (Fisher's method), showing the
         `companions` (other metrics: the statistic and its chance value) beside it.
     cost: a cost (training FLOPs): the report states each family's saving against the baseline.
+    claim: the paper's claim this metric measures, in words; the report's claims table puts the
+        sweep's verdict on it beside `paper`, the paper's single-seed values per family (at
+        `paper_at`; for a cost, each family's saving against the baseline; for a p-value, its
+        first companion).
+    section: the report section it is shown in: the title of the job that records it, filled in
+        by the Job it is declared with (jobs/contract.py), not declared.
     """
     label: str
     higher_is_better: Optional[bool] = None
@@ -41,18 +47,24 @@ class MetricSpec:
     p_value: bool = False
     companions: tuple[str, ...] = ()
     cost: bool = False
+    claim: str = ""
+    paper: tuple[tuple[str, float], ...] = ()
+    paper_at: str = ""
+    section: str = ""
+
+    def paper_value(self, family: str) -> Optional[float]:
+        return dict(self.paper).get(family)
 
     def to_record(self) -> dict[str, Any]:
         """Plain values for metrics.json (only what differs from the defaults)."""
         default = MetricSpec(self.label)
-        return {f.name: list(v) if isinstance(v, tuple) else v
-                for f in dataclasses.fields(self)
+        return {f.name: _lists(v) for f in dataclasses.fields(self)
                 if (v := getattr(self, f.name)) != getattr(default, f.name) or f.name == "label"}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> MetricSpec:
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in known})
+        return cls(**{k: _tuples(v) for k, v in record.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,7 @@ class CurveSpec:
         "ranking": per run, the `top` rows of highest `y`, each written as `row` (a format string
         over the curve's columns);
         "data": kept in the store for whoever reads it, not shown.
+    section: as MetricSpec.section.
     """
     title: str
     kind: str
@@ -77,12 +90,23 @@ class CurveSpec:
     top: int = 3
     row: str = ""
     caption: str = ""
+    section: str = ""
 
     def to_record(self) -> dict[str, Any]:
-        return {f.name: list(v) if isinstance(v, tuple) else v for f in dataclasses.fields(self)
+        return {f.name: _lists(v) for f in dataclasses.fields(self)
                 if (v := getattr(self, f.name)) != f.default or f.name in ("title", "kind")}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> CurveSpec:
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in known})
+        return cls(**{k: _tuples(v) for k, v in record.items() if k in known})
+
+
+def _lists(value: Any) -> Any:
+    """Tuples (nested too) as lists, for JSON."""
+    return [_lists(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _tuples(value: Any) -> Any:
+    """Lists (nested too) back as tuples, so a spec read back equals the one declared."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

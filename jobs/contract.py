@@ -8,7 +8,7 @@ store. A `Job` is such a function with the specs of the metrics and curves it re
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,12 +32,20 @@ JobFn = Callable[[Any, Path, Progress], JobResult]
 
 @dataclass(frozen=True)
 class Job:
-    """A job by name, with what it records. `data`: the data kinds it runs on (empty: any)."""
+    """A job by name, with what it records. `data`: the data kinds it runs on (empty: any);
+    `title`: the report section its metrics and curves are shown in."""
     name: str
     fn: JobFn
     metrics: Mapping[str, MetricSpec]
     curves: Mapping[str, CurveSpec] = field(default_factory=dict)
     data: tuple[str, ...] = ()
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        """Each spec carries its report section: the job's title (or name)."""
+        section = self.title or self.name
+        object.__setattr__(self, "metrics", {n: replace(s, section=section) for n, s in self.metrics.items()})
+        object.__setattr__(self, "curves", {n: replace(s, section=section) for n, s in self.curves.items()})
 
     def outcomes(self) -> frozenset[str]:
         """The metrics it records that are compared between families (not descriptive)."""

@@ -25,14 +25,15 @@ def train(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
 # Only the loss is an outcome; FLOPs, tokens, steps and timings describe the run.
 TRAIN = Job("train", train, metrics={
     "final_loss": MetricSpec("final loss", higher_is_better=False),
-    "train_flops": MetricSpec("training FLOPs", cost=True),
+    "train_flops": MetricSpec("training FLOPs", cost=True, claim="LIDAS trains on fewer FLOPs than dense",
+                              paper=(("lidas", 0.26),), paper_at="3B"),
     "train_tokens": MetricSpec("training tokens"),
     "steps": MetricSpec("optimizer steps"),
     "n_params": MetricSpec("parameters"),
     "final_layers": MetricSpec("final effective depth"),
     "wall_time_s": MetricSpec("wall time (s)"),
     "tokens_per_s": MetricSpec("training throughput (tokens/s)"),
-}, curves={"ancestors": CurveSpec("the initial layer each final layer descends from", "data")})
+}, curves={"ancestors": CurveSpec("the initial layer each final layer descends from", "data")}, title="Training")
 
 
 def get_job(name: str) -> Job:

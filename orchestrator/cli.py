@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from common.settings import ConfigError
+from orchestrator import config
 from orchestrator import sweep as sweeps
 from orchestrator import tracking, workspace
 from orchestrator.store import Store, StoreError
@@ -98,25 +99,58 @@ def _store_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=STORE_DEFAULT, help=f"store root, as store.root=<dir> (default: {STORE_DEFAULT})")
 
 
+DESCRIPTION = """Train the dense, LIDAS and looped families over many seeds and analyse them.
+
+  python -m orchestrator sweep family=lidas,looped,dense seed=0,1,2
+
+Every command takes the store as store.root=<dir> (or --store <dir>). Exit codes: 0 success,
+1 a runtime problem (failed runs, store trouble), 2 bad input (nothing was started or
+written), 130 interrupted (the same command resumes)."""
+MANUAL = "The manual is docs/ (`make docs` builds it as a site)"
+
+
+def _groups_text() -> str:
+    """The config groups and their options, as a Hydra app's --help lists them."""
+    groups = config.config_groups()
+    width = max(map(len, groups)) + 1
+    return "\n".join(["== Configuration groups ==", "Choose one option per group (group=option, or several to"
+                      " sweep: family=lidas,dense); eval.jobs takes a list.", "",
+                      *(f"{name + ':':<{width}} {', '.join(options)}" for name, options in groups.items()), "",
+                      "Any key can be set or swept as well (train.lr=1e-3,3e-4, seed=range(0,5)); `sweep --dry-run`"
+                      " prints the runs without starting them."])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m orchestrator", description=__doc__,
+    parser = _Parser(prog="python -m orchestrator", description=DESCRIPTION,
+                     epilog=f"{_groups_text()}\n\n{MANUAL}: getting-started.md first, then sweeps.md, store.md,"
+                            " statistics.md, clusters.md, tracking.md.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("sweep", help="compose the grid and run every job not yet done")
+    p = sub.add_parser("sweep", help="compose the grid and run every job not yet done",
+                       description="Compose the grid of runs from conf/ and the overrides, and run every job"
+                                   " not yet done (a sweep resumes where it stopped).",
+                       epilog=f"{_groups_text()}\n\n{MANUAL}: sweeps.md (the grid grammar, names, adaptive"
+                              " seeding), clusters.md (where runs go).",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. family=lidas,dense seed=range(0,5)")
     p.add_argument("--name", help="sweep name (default: derived from the non-seed overrides)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and write nothing")
     p.set_defaults(fn=cmd_sweep)
-    commands = (("status", cmd_status, "states of the runs of each sweep", "?", "sweep name (default: all)"),
-                ("report", cmd_report, "rebuild and print a sweep's report", "?", "sweep name (default: the latest)"),
-                ("cancel", cmd_cancel, "scancel a sweep's Slurm jobs (cluster=slurm, slurm_array)", None, "sweep name"),
-                ("wandb-sync", cmd_wandb_sync, "upload a sweep's offline W&B runs (wandb sync)", None, "sweep name"),
+    commands = (("status", cmd_status, "states of the runs of each sweep", "?", "sweep name (default: all)",
+                 "store.md"),
+                ("report", cmd_report, "rebuild and print a sweep's report", "?", "sweep name (default: the latest)",
+                 "statistics.md"),
+                ("cancel", cmd_cancel, "scancel a sweep's Slurm jobs (cluster=slurm, slurm_array)", None, "sweep name",
+                 "clusters.md"),
+                ("wandb-sync", cmd_wandb_sync, "upload a sweep's offline W&B runs (wandb sync)", None, "sweep name",
+                 "tracking.md"),
                 ("wandb-dashboard", cmd_wandb_dashboard, "create the sweep's W&B workspace (offline: its "
-                 "specification in the sweep's folder)", None, "sweep name"),
+                 "specification in the sweep's folder)", None, "sweep name", "tracking.md"),
                 ("run-one", cmd_run_one, "run one run's jobs in this process (a slurm_array task)", None,
-                 "run id (runs/<run_id>/config.yaml in the store)"))
-    for cmd, fn, text, nargs, what in commands:
-        p = sub.add_parser(cmd, help=text)
+                 "run id (runs/<run_id>/config.yaml in the store)", "clusters.md"))
+    for cmd, fn, text, nargs, what, page in commands:
+        p = sub.add_parser(cmd, help=text, description=text[0].upper() + text[1:] + ".",
+                           epilog=f"{MANUAL}: {page}.")
         p.add_argument("run_id" if cmd == "run-one" else "sweep", nargs=nargs, help=what)
         _store_arguments(p)
         p.set_defaults(fn=fn)

@@ -25,6 +25,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from common.settings import ConfigError, from_dict, known_part, require, section, typed_node, validate
 from jobs.config import JobConfig, choice
+from jobs.evals import EVALUATIONS
 from orchestrator.adaptive import AdaptiveConfig
 from orchestrator.executors import CLUSTERS, ClusterConfig
 from orchestrator.store import StoreConfig
@@ -52,6 +53,14 @@ def load_run_config(raw: dict) -> RunConfig:
     """The typed config of a stored config.yaml (a run planned earlier, perhaps by an earlier
     version: keys today's classes do not have, such as format 1's null sections, are left out)."""
     return from_dict(RunConfig, known_part(RunConfig, raw))
+
+
+def config_groups(conf_dir: Optional[Path] = None) -> dict[str, list[str]]:
+    """Each config group of conf/ with its options (the files in it), and `eval.jobs` with the
+    registered evaluations: what `--help` lists, as Hydra apps do."""
+    root = conf_dir or CONF_DIR
+    groups = {d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in sorted(root.iterdir()) if d.is_dir()}
+    return {**groups, "eval.jobs": EVALUATIONS.names()}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -242,4 +242,5 @@ def test_a_format_1_store_loads_without_specs(tmp_path):
     assert set(analysis.comparisons["metric"]) == {"regbench_tvd"}
     assert set(analysis.comparisons["correction"]) == {"fdr_bh"}
     report = write_report(root, "old").read_text()
-    assert "### regbench_tvd (`regbench_tvd`, lower is better)" in report
+    assert "## Other metrics\n" in report  # recorded without sections
+    assert "<summary>regbench_tvd (<code>regbench_tvd</code>, lower is better)</summary>" in report

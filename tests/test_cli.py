@@ -29,3 +29,31 @@ def test_every_store_command_takes_store_root_as_sweep_does(tmp_path, capsys):
     assert "no finished runs yet" in capsys.readouterr().out
     assert main(["status", f"store.root={tmp_path / 'nowhere'}"]) == 1
     assert "no sweeps in" in capsys.readouterr().out
+
+
+def test_help_lists_the_config_groups_and_points_to_the_docs(capsys):
+    """As a Hydra app's --help: each group of conf/ with its options, the registered evaluations,
+    and the manual's page of each command, which must exist."""
+    from pathlib import Path
+
+    import pytest
+
+    from jobs.evals import EVALUATIONS
+    from orchestrator.cli import main
+    from orchestrator.config import CONF_DIR
+
+    for argv in (["--help"], ["sweep", "--help"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 0
+        out = capsys.readouterr().out
+        for group in (d for d in CONF_DIR.iterdir() if d.is_dir()):
+            options = ", ".join(sorted(f.stem for f in group.glob("*.yaml")))
+            assert any(line.split() == [f"{group.name}:", *options.split()] for line in out.splitlines()), group
+        assert f"eval.jobs: {', '.join(EVALUATIONS.names())}" in " ".join(out.split())
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    for command in ("sweep", "status", "report", "cancel", "wandb-sync", "wandb-dashboard", "run-one"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        pages = [word.strip(".,") for word in capsys.readouterr().out.split() if word.strip(".,").endswith(".md")]
+        assert pages and all((docs / page).is_file() for page in pages), (command, pages)

@@ -39,11 +39,13 @@ def test_a_plugin_evaluation_runs_and_is_reported_without_retraining(tmp_path):
         assert state["jobs"]["train"]["attempts"] == 1  # not retrained
         assert state["jobs"]["weight_norm"]["status"] == "done" and state["jobs"]["weight_norm"]["settings"]
         recorded = json.loads((root / "runs" / rid / "metrics.json").read_text())
-        assert recorded["specs"]["embedding_norm"] == {"label": "embedding norm (scaled)", "higher_is_better": False}
+        assert recorded["specs"]["embedding_norm"] == {"label": "embedding norm (scaled)", "higher_is_better": False,
+                                                       "section": "Weight norm"}
         assert recorded["metrics"]["embedding_norm"] > 0
     report = (root / "sweeps" / "ext" / "report.md").read_text()
-    assert "### embedding norm (scaled) (`embedding_norm`, lower is better)" in report
-    assert "### embedding norm (scaled) (exploratory, Benjamini-Hochberg)" in report
+    weight_norm = report.split("\n## Weight norm\n")[1].split("\n## ")[0]  # its own section, titled where registered
+    assert "<summary>embedding norm (scaled) (<code>embedding_norm</code>, lower is better)</summary>" in weight_norm
+    assert "**embedding norm (scaled) against dense** (exploratory, Benjamini-Hochberg):" in weight_norm
 
     before = {rid: json.loads((root / "runs" / rid / "metrics.json").read_text())["metrics"]["embedding_norm"]
               for rid in ids}

@@ -18,6 +18,7 @@ from test_analysis_load import new_store, write_run, write_sweep
 from analysis import (AnalysisOptions, analyse, read_results, render_html, render_markdown, render_summary,
                       write_report)
 from jobs.evals import EVALUATIONS
+from jobs.registry import TRAIN
 
 NGRAMS = {"ngram1_tvd": 0.42, "ngram2_tvd": 0.20, "ngram3_tvd": 0.15}
 # regbench_tvd per family, size and seed; looped at tiny is worse than the unigram estimator.
@@ -91,8 +92,8 @@ def test_comparison_sentences(store):
             assert "paired t, 3 seeds, Holm p = " in line and "sign-flip p = " in line
     lidas_tiny = next(l for l in report.splitlines() if l.startswith("- lidas vs dense, RegBench TVD, tiny:"))
     assert "3/3 seeds better; sign-flip p = 0.25 (the smallest possible)" in lidas_tiny
-    assert "### RegBench accuracy (exploratory, Benjamini-Hochberg)" in report
-    assert "ngram1_tvd" not in report.split("## Comparisons")[1].split("## Failed")[0]
+    assert "**RegBench accuracy against dense** (exploratory, Benjamini-Hochberg):" in report
+    assert not [line for line in report.splitlines() if line.startswith("**in-context")]  # references: not compared
 
 
 def test_reference_rows_and_icl_position(store):
@@ -162,7 +163,7 @@ def test_report_of_a_sweep_with_nothing_done(tmp_path):
     write_sweep(root, "broken", ["x", "y"], "2025-01-01T00:00:00", [])
     report = write_report(root, "broken").read_text()
     assert "- Runs: 0 done, 1 failed, 1 not finished (2 in the sweep)" in report
-    assert "No comparisons" in report
+    assert "No confirmatory comparison: the baseline or a second family has no finished runs" in report
     failed = table_rows(report, "## Failed and unfinished runs")
     assert failed["x"]["error"] == "boom" and failed["y"] == {"family": "–", "size": "–", "seed": "–",
                                                               "status": "pending", "error": ""}
@@ -296,20 +297,32 @@ def section(report: str, heading: str) -> str:
 
 def test_headline_comes_first_and_matches_the_comparisons_table(store):
     report = write_report(store, "demo").read_text()
-    assert report.index("## Headline") < report.index("## Setup") < report.index("## Results per metric")
-    claims = [HEADLINE.match(line) for line in section(report, "Headline").splitlines() if line.startswith("- ")]
-    assert len(claims) == 4 and all(claims)
-    rows = markdown_table(report, "### RegBench TVD (confirmatory, Holm)")
+    order = ["## Headline", "## Claims of the paper", "### Differences against dense", "## Contents",
+             "## RegBench: in-context language learning", "## How sure are we", "## Setup", "## How to read this"]
+    assert [report.index(f"{heading}\n") for heading in order] == sorted(report.index(f"{h}\n") for h in order)
+    decisive, undecided, caution = section(report, "Headline").splitlines()[1:]  # numbers of the rest: the claims
+    assert HEADLINE.match(decisive).groups()[:2] == ("looped", "tiny") and " is worse than " in decisive
+    assert undecided.startswith("- No decision yet: lidas and looped on RegBench TVD at small; lidas on RegBench TVD"
+                                " at tiny (about ")
+    assert caution == ("- Caution: looped at tiny does not beat the in-context unigram estimator on RegBench TVD, so"
+                       " comparisons on it are meaningless there.")
+    claims = markdown_table(report, "## Claims of the paper")
+    rows = markdown_table(report, "**RegBench TVD against dense** (confirmatory, Holm)")
     comparisons = analyse(store, "demo").comparisons.set_index(["family", "size", "metric"])
-    for claim in claims:
-        family, size, difference, seeds, p = claim.groups()
-        row = next(r for r in rows if (r["family"], r["size"]) == (family, size))
-        assert (row["difference [95% CI]"], row["seeds"], row["adjusted p"]) == (difference, f"{seeds} seeds",
-                                                                                 f"{p} (Holm)")
+    claims = claims[:4]  # then the training FLOPs
+    assert len(rows) == 4 and all(row["verdict"].startswith("exact") for row in markdown_table(
+        report, "## Claims of the paper")[4:])
+    assert claims[0]["claim"] == f"{EVALUATIONS['regbench'].metrics['regbench_tvd'].claim} (RegBench TVD)"
+    for claim, row in zip(claims, rows):
+        family, size = claim["comparison"].removesuffix(f", {row['size']}").split(" vs dense")[0], row["size"]
+        assert claim["comparison"] == f"{row['family']} vs dense, {row['size']}"
+        assert claim["difference [CI], seeds"] == f"{row['difference [95% CI]']}, {row['seeds']}"
+        assert claim["verdict"] == f"{row['verdict']} (Holm p = {row['adjusted p'].removesuffix(' (Holm)')})"
         expected = comparisons.loc[(family, size, "regbench_tvd")]
-        assert float(difference.split()[0]) == pytest.approx(-expected["diff_mean"], rel=1e-3)  # lower is better
-        assert float(p) == pytest.approx(expected["p_holm"], rel=1e-2)
-        assert (row["verdict"] == "inconclusive") == claim.group(0).startswith("- No decision yet")
+        assert float(row["difference [95% CI]"].split()[0]) == pytest.approx(-expected["diff_mean"], rel=1e-3)
+        assert float(row["adjusted p"].split()[0]) == pytest.approx(expected["p_holm"], rel=1e-2)
+        paper = EVALUATIONS["regbench"].metrics["regbench_tvd"].paper_value
+        assert claim["paper, one seed"].startswith(f"{paper(family):g} vs {paper('dense'):g}, ")
 
 
 def test_headline_states_decisive_claims(decisive_store):
@@ -348,7 +361,7 @@ def test_columns_of_the_hierarchical_bootstrap_are_used_when_present(store):
                                               hb_high=analysis.comparisons["ci_high"] + 0.01)
     cells = analysis.cells.assign(n_items=200, item_se=0.004)
     report = render_markdown(replace(analysis, comparisons=comparisons, cells=cells))
-    rows = markdown_table(report, "### RegBench TVD (confirmatory, Holm)")
+    rows = markdown_table(report, "**RegBench TVD against dense** (confirmatory, Holm)")
     row = next(r for r in rows if (r["family"], r["size"]) == ("lidas", "tiny"))
     lidas = comparisons[(comparisons["family"] == "lidas") & (comparisons["size"] == "tiny")
                         & (comparisons["metric"] == "regbench_tvd")].iloc[0]
@@ -381,7 +394,7 @@ def test_html_has_the_content_of_the_markdown(store):
     report, page = path.read_text(), without_images(path.with_suffix(".html").read_text())
     assert page.count("<table>") == report.count("\n|---")
     assert page.count("<li>") == sum(line.startswith("- ") for line in report.splitlines())
-    assert page.count("<h3>") == sum(line.startswith("### ") for line in report.splitlines())
+    assert page.count("<h3 id=") == sum(line.startswith("### ") for line in report.splitlines())
     for line in section(report, "Headline").strip().splitlines():
         assert f"<li>{html.escape(line[2:])}</li>" in page
     assert "**" not in page and "|---" not in page and "`" not in page
@@ -392,7 +405,7 @@ def test_render_html_converts_the_emitted_markdown():
     markdown = ("# Sweep `a`: results\n\n- **Runs:** 3 < 4\n- two\n\n| family | x |\n|---|---|\n"
                 "| *ref* | a \\| b |\n\n> **Warning:** careful\n\nline one\nline two\n\n![plot](plots/p.png)\n")
     page = render_html(markdown, {"plots/p.png": b"PNG"})
-    assert "<title>Sweep a: results</title>" in page and "<h1>Sweep <code>a</code>: results</h1>" in page
+    assert "<title>Sweep a: results</title>" in page and '<h1 id="sweep-a-results">Sweep <code>a</code>: results</h1>' in page
     assert "<ul>\n<li><strong>Runs:</strong> 3 &lt; 4</li>\n<li>two</li>\n</ul>" in page
     assert "<thead>\n<tr>\n<th>family</th>\n<th>x</th>\n</tr>\n</thead>" in page
     assert "<tr>\n<td><em>ref</em></td>\n<td>a | b</td>\n</tr>" in page
@@ -428,18 +441,18 @@ def test_sections_declared_by_the_jobs(tmp_path):
     report = render_markdown(analyse(root, "jobs"), figures=[])
 
     assert EVALUATIONS["induction"].curves["induction_heads"].caption in section(report, "Induction heads")
-    ranking = {(r["family"], r["seed"]): r["top 3"] for r in markdown_table(report, "## Induction heads\n")}
+    ranking = {(r["family"], r["seed"]): r["top 3"] for r in markdown_table(report, "### Top induction heads per run\n")}
     assert ranking[("dense", "0")] == "L1.H1 0.9; L2.H0 0.5; L3.H1 0.3"
     assert ranking[("lidas", "2")] == "L1.H1 0.7; L2.H0 0.5; L0.H0 0.4"
 
-    table = markdown_table(report, "## Drop by ablated fraction\n")
+    table = markdown_table(report, "### Drop by ablated fraction\n")
     assert list(table[0]) == ["family", "size", "fraction", "heads", "drop_f1", "tvd_rise"]
     assert table[0] == {"family": "dense", "size": "tiny", "fraction": "0.1", "heads": "1", "drop_f1": "0.02",
                         "tvd_rise": "0"}
     assert table[-1] == {"family": "lidas", "size": "tiny", "fraction": "0.5", "heads": "4", "drop_f1": "0.1",
                          "tvd_rise": "0.02"}
 
-    ancestry = markdown_table(report, "## ancestry concentration p (grown models)\n")
+    ancestry = markdown_table(report, "### ancestry concentration p (grown models)\n")
     labels = [EVALUATIONS["induction"].metrics[m].label for m in ("ancestry_top_in_best", "ancestry_chance")]
     assert list(ancestry[0]) == ["family", "size", "seed", *labels, "p"]
     assert [(r["seed"], r["p"]) for r in ancestry[:3]] == [("0", "0.04"), ("1", "0.2"), ("2", "0.5")]
@@ -448,9 +461,24 @@ def test_sections_declared_by_the_jobs(tmp_path):
                            labels[1]: "1.5", "p": f"{fisher:.3g}"}
     assert len(ancestry) == 4  # dense has no ancestry: only grown models
 
-    flops = table_rows(report, "## Training FLOPs\n")
+    flops = table_rows(report, "### Training FLOPs\n")
     assert flops["lidas"] == {"size": "tiny", "training FLOPs": "7.500e+11", "saving vs dense": "25.0%"}
     assert flops["dense"]["saving vs dense"] == "0.0%"
     assert table_rows(report, "The paper reports 26% fewer training FLOPs at 3B.")["3b"] == {
         "layers": "36", "block": "4", "steps": "190000", "LIDAS / dense FLOPs": "0.727", "saving": "27.3%"}
-    assert "### training FLOPs (`train_flops`, descriptive, not compared)" in report
+    assert "<summary>training FLOPs (<code>train_flops</code>, descriptive, not compared)</summary>" in report
+
+    claims = markdown_table(report, "## Claims of the paper")
+    cost = next(row for row in claims if row["verdict"].startswith("exact"))
+    assert cost["claim"] == f"{TRAIN.metrics['train_flops'].claim} (training FLOPs)"
+    assert (cost["comparison"], cost["difference [CI], seeds"], cost["paper, one seed"]) == (
+        "lidas vs dense, tiny", "25.0% fewer", "26% fewer (3B)")
+    tvd = next(row for row in claims if row["claim"].startswith(EVALUATIONS["regbench"].metrics["regbench_tvd"].claim))
+    assert tvd["paper, one seed"] == "0.119 vs 0.137, -0.018 (3B)" and tvd["verdict"].startswith("inconclusive (Holm p")
+    ancestry_claim = next(row for row in claims if row["comparison"] == "lidas, tiny")
+    assert ancestry_claim["verdict"] == f"not shown (Fisher p = {fisher:.3g})"
+    assert ancestry_claim["difference [CI], seeds"] == "3 vs 1.5 by chance, 3 seeds"
+    assert ancestry_claim["paper, one seed"] == "10 (3B: of the top 12 heads, from 2 ancestors)"
+    assert [heading for heading in ("## RegBench: in-context language learning", "## Induction heads",
+                                     "## Head ablation", "## Training") if f"{heading}\n" in report] == [
+        "## RegBench: in-context language learning", "## Induction heads", "## Head ablation", "## Training"]

@@ -4,6 +4,7 @@ adaptive seeding. Processes killed with SIGKILL are in test_faults.py."""
 import json
 import signal
 import subprocess
+from html.parser import HTMLParser
 
 import pandas as pd
 import pytest
@@ -11,6 +12,7 @@ import yaml
 from helpers import CLI, metrics, running_train, start_sweep, sweep, wait_for
 
 import analysis
+from jobs.evals import EVALUATIONS
 
 MICRO = ["size=micro", "family=lidas,looped,dense", "seed=0,1", "cluster.num_cpus=2"]
 
@@ -56,6 +58,53 @@ def test_sweep_writes_every_run_and_a_report_that_matches_the_metrics(micro_stor
     assert "data:image/png;base64," in html and "http" not in html.replace("data:image", "")
     assert f"{tvd.loc['dense', 'mean']:.4f}" in report
     assert "report:" in out
+
+
+class _Outline(HTMLParser):
+    """The headings of a page (level, id, text), the link targets, and the text inside <details>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headings, self.links, self.folded, self._heading, self._details = [], [], [], None, 0
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag in ("h1", "h2", "h3"):
+            self._heading = [int(tag[1]), attrs.get("id"), ""]
+        elif tag == "a" and attrs.get("href", "").startswith("#"):
+            self.links.append(attrs["href"][1:])
+        elif tag == "details":
+            self._details += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("h1", "h2", "h3") and self._heading:
+            self.headings.append(tuple(self._heading))
+            self._heading = None
+        elif tag == "details":
+            self._details -= 1
+
+    def handle_data(self, data):
+        if self._heading:
+            self._heading[2] += data
+        if self._details:
+            self.folded.append(data)
+
+
+def test_report_html_opens_with_the_answer(micro_store):
+    """The first screen: headline, the paper's claims, the forest plot; then the contents, the
+    jobs' sections (the headline metric's first), and the setup at the end."""
+    root, _ = micro_store
+    page = _Outline()
+    page.feed((root / "sweeps" / "e2e" / "report.html").read_text())
+    top = [text for level, _, text in page.headings if level == 2]
+    assert top[:3] == ["Headline", "Claims of the paper", "Contents"]
+    assert [text for level, _, text in page.headings if level == 3][0] == "Differences against dense"
+    assert top[3] == EVALUATIONS["regbench"].title and top[-4:] == [
+        "How sure are we", "Failed and unfinished runs", "Setup", "How to read this"]
+    assert {"Induction heads", "Head ablation", "Training"} <= set(top)
+    ids = {anchor for _, anchor, _ in page.headings}
+    assert page.links and set(page.links) <= ids  # every link of the contents lands on a heading
+    assert any(EVALUATIONS["regbench"].metrics["regbench_acc"].label in text for text in page.folded)  # exploratory
 
 
 def test_rerun_trains_nothing_and_status_reads_the_store(micro_store):

@@ -30,11 +30,13 @@ class Evaluation(Job):
 EVALUATIONS: Registry[Evaluation] = Registry("evaluation", "jobs.evals", "eval.jobs")
 
 
-def evaluation(name: str, *, metrics: Mapping[str, MetricSpec], curves: Mapping[str, CurveSpec] = {},
+def evaluation(name: str, *, title: str, metrics: Mapping[str, MetricSpec], curves: Mapping[str, CurveSpec] = {},
                data: tuple[str, ...] = ("regbench",), settings: Optional[type] = None) -> Callable[[JobFn], JobFn]:
-    """Register an evaluation job with what it records, the data kinds it runs on and its settings."""
+    """Register an evaluation job with its report section's title, what it records, the data kinds
+    it runs on and its settings."""
     def register(fn: JobFn) -> JobFn:
-        EVALUATIONS.register(name)(Evaluation(name, fn, dict(metrics), dict(curves), tuple(data), settings))
+        EVALUATIONS.register(name)(Evaluation(name, fn, dict(metrics), dict(curves), tuple(data), title=title,
+                                              settings=settings))
         return fn
     return register
 

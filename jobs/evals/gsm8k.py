@@ -37,7 +37,8 @@ INVALID = "[invalid]"
 SCORED = ("gsm8k_em_strict", "gsm8k_em_flexible")
 METRICS = {
     "gsm8k_em_strict": MetricSpec("GSM8K exact match (strict)", higher_is_better=True, headline_for=("arith",),
-                                  confirmatory_for=("arith",)),
+                                  confirmatory_for=("arith",), claim="LIDAS solves more GSM8K problems, 8-shot",
+                                  paper=(("lidas", 0.19), ("dense", 0.12)), paper_at="3B"),
     "gsm8k_em_flexible": MetricSpec("GSM8K exact match (flexible)", higher_is_better=True),
     "gsm8k_truncated": MetricSpec("GSM8K prompts cut to fit the context", higher_is_better=False),
 }
@@ -139,7 +140,7 @@ def evaluate(model: Decoder, data: Mapping[str, list[gsm8k.Problem]], settings: 
     return JobResult(metrics=metrics, items=items)
 
 
-@evaluation("gsm8k", metrics=METRICS, data=("arith",), settings=Gsm8kSettings)
+@evaluation("gsm8k", title="GSM8K: grade-school arithmetic, 8-shot", metrics=METRICS, data=("arith",), settings=Gsm8kSettings)
 def gsm8k_job(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's final checkpoint, n_shots-shot exact match."""
     model = cfg.backend.load_model(cfg, run_dir)

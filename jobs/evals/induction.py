@@ -47,7 +47,8 @@ class InductionSettings:
 
 
 METRICS = {
-    "induction_max": MetricSpec("best induction-head score", higher_is_better=True),
+    "induction_max": MetricSpec("best induction-head score", higher_is_better=True, confirmatory_for=("regbench",),
+                                claim="grown and looped models form stronger induction heads"),
     "induction_topk_mean": MetricSpec("mean score of the top induction heads", higher_is_better=True),
     "induction_mean": MetricSpec("mean induction score over all heads", higher_is_better=True),
     "induction_iter_mean_max": MetricSpec("best head's score averaged over its applications", higher_is_better=True),
@@ -57,10 +58,12 @@ METRICS = {
     # of the top-k heads, how many descend from their m most common ancestor heads of the initial
     # network, against top-k sets drawn uniformly from all heads (exact p)
     "ancestry_p": MetricSpec("ancestry concentration p (grown models)", p_value=True,
-                             companions=("ancestry_top_in_best", "ancestry_chance")),
+                             companions=("ancestry_top_in_best", "ancestry_chance"),
+                             claim="a grown model's strongest induction heads descend from a few early heads",
+                             paper=(("lidas", 10),), paper_at="3B: of the top 12 heads, from 2 ancestors"),
 }
 CURVES = {"induction_heads": CurveSpec(
-    "Induction heads", "ranking", y="score", top=3, row="{label} {score:.4g}",
+    "Top induction heads per run", "ranking", y="score", top=3, row="{label} {score:.4g}",
     caption="Top heads per run by prefix-matching score (attention mass from the second copy of a"
             " repeated random sequence onto the token after the earlier occurrence; 1 = a perfect"
             " induction head). A looped block's heads are scored per application (it), a grown"
@@ -145,7 +148,7 @@ def score(model: Decoder, cfg: JobConfig) -> JobResult:
     return JobResult(metrics=metrics, curves={"induction_heads": curve}, items=items)
 
 
-@evaluation("induction", metrics=METRICS, curves=CURVES, data=("regbench",), settings=InductionSettings)
+@evaluation("induction", title="Induction heads", metrics=METRICS, curves=CURVES, data=("regbench",), settings=InductionSettings)
 def induction(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the final checkpoint's heads on repeated random sequences."""
     return score(cfg.backend.load_model(cfg, run_dir), cfg)

@@ -18,7 +18,7 @@ class WeightNormSettings:
     scale: float = setting(1.0, gt=0)
 
 
-@evaluation("weight_norm", settings=WeightNormSettings, data=("regbench", "arith"), metrics={
+@evaluation("weight_norm", title="Weight norm", settings=WeightNormSettings, data=("regbench", "arith"), metrics={
     "embedding_norm": MetricSpec("embedding norm (scaled)", higher_is_better=False)})
 def weight_norm(cfg: Any, run_dir: Path, progress: Progress) -> JobResult:
     model = cfg.backend.load_model(cfg, run_dir)
