@@ -54,8 +54,8 @@ def headline_section(analysis: Analysis) -> list[str]:
     if not open_.empty:
         more = open_["seeds_more"].dropna()
         more = more[more > 0]  # 0: the seeds at hand would already have the power
-        counts = list(dict.fromkeys([seeds_text(int(more.min())), seeds_text(int(more.max()))]))
-        plan = (f" (about {' to '.join(counts)} more seeds would give 80% power at the margin)" if len(more) else "")
+        counts = list(dict.fromkeys(seeds_text(int(n)) for n in (more.min(), more.max()))) if len(more) else []
+        plan = f" (about {' to '.join(counts)} more seeds would give 80% power at the margin)" if counts else ""
         lines.append(f"- No decision yet: {_together(analysis, open_)}{plan}.")
     if single.any():
         lines.append(f"- No test possible, fewer than 2 seeds: {_together(analysis, rows[single])}.")
