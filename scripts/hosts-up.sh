@@ -19,9 +19,14 @@ START=$SECONDS
   die "HOSTS_NET=$WANT_NET: the first three octets of a /24 inside 198.18.0.0/15 (e.g. 198.18.0)"
 [[ $WANT_DIR = /* ]] || die "HOSTS_DIR=$WANT_DIR: an absolute path"
 if ! command -v ip >/dev/null; then  # iproute2, as scripts/slurm-local-up.sh installs Slurm
-  echo "hosts($BED): installing iproute2" >&2
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 \
-      --no-install-recommends iproute2; } >/dev/null || die "apt-get install iproute2 failed"
+  exec 9>/tmp/.orchestrator-apt.lock   # one package installation at a time (see slurm-local-up.sh)
+  flock -w 900 9 || die "another package installation held /tmp/.orchestrator-apt.lock for 15 min"
+  if ! command -v ip >/dev/null; then
+    echo "hosts($BED): installing iproute2" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends iproute2; } >/dev/null || die "apt-get install iproute2 failed"
+  fi
+  exec 9>&-
 fi
 for tool in ip nsenter unshare setsid mountpoint; do command -v $tool >/dev/null || die "$tool not found (iproute2, util-linux)"; done
 
