@@ -1,6 +1,6 @@
 """Chaos soak across hosts (a benchmark, not a test): a sweep of micro runs on a Ray cluster over
 the multi-host test bed (scripts/hosts-up.sh, scripts/hosts-ray-up.sh) while a seeded loop kills,
-every few seconds, one of: a random Ray worker running a job, the raylet of a random worker host
+every few seconds while jobs run, one of: a random Ray worker running a job, the raylet of a random worker host
 (the host's Ray dies with it; it rejoins a few seconds later), or the sweep's driver (the same
 command is run again and resumes). Bounded in faults and time.
 
@@ -133,11 +133,16 @@ class Chaos:
         threading.Thread(target=later, daemon=True).start()
 
     def inject(self) -> Optional[str]:
+        """One fault, only while jobs run (a fault at a driver still starting up, or on an idle
+        cluster, would test nothing but the start-up); None: not now."""
+        workers = self.busy_workers()
+        if not workers:
+            return None
         kinds = ["worker", "worker", "raylet", "driver"]
         self.rng.shuffle(kinds)
         choice = self.rng.random()  # drawn whatever happens, so the sequence stays seeded
         for kind in kinds:
-            if kind == "worker" and (workers := self.busy_workers()):
+            if kind == "worker":
                 k, pid, task = workers[int(choice * len(workers))]
                 os.kill(pid, signal.SIGKILL)
                 return f"worker {task} (pid {pid}) on node{k}"
@@ -158,11 +163,12 @@ class Chaos:
         if self.left <= 0 or now < next_at:
             return next_at
         what = self.inject()
-        if what:
-            self.left -= 1
-            self.injected[what.split()[0]] += 1
-            self.log.append(what)
-            log(f"fault {sum(self.injected.values())}: killed {what}")
+        if not what:
+            return next_at  # again at the next tick
+        self.left -= 1
+        self.injected[what.split()[0]] += 1
+        self.log.append(what)
+        log(f"fault {sum(self.injected.values())}: killed {what}")
         return now + self.rng.uniform(0.5, 1.5) * self.every
 
 
@@ -258,6 +264,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if now != before["checkpoints"]:
             problems.append(f"{rid}: checkpoints changed after it was done")
     lost = sorted(set(ref_ids) - set(done))
+    ray_retries = sum(sweep.output(i).read_text(errors="replace").count("so the task will be retried")
+                      for i in range(1, sweep.starts + 1) if sweep.output(i).exists())
 
     print()
     print(f"chaos soak: {len(ids)} micro runs on {args.hosts} hosts, seed {args.seed}, "
@@ -265,7 +273,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"faults injected: {sum(chaos.injected.values())} "
           f"({', '.join(f'{k} {v}' for k, v in sorted(chaos.injected.items())) or 'none'}); "
           f"driver runs: {sweep.starts}")
-    print(f"jobs retried: {len(retried)} ({sum(a - 1 for a in retried.values())} extra attempts)")
+    print(f"jobs retried: {len(retried)} started again ({sum(a - 1 for a in retried.values())} extra "
+          f"attempts in state.json); Ray task retries logged by the drivers: {ray_retries}")
     print(f"runs finished: {len(done)} of {len(ids)}; lost: {len(lost)}")
     print(f"metrics and history equal to the undisturbed run's, bit for bit: {identical} of {len(done)}"
           + (f"; differ: {', '.join(differ)}" if differ else ""))

@@ -8,6 +8,7 @@ Then every process of one of its hosts is killed mid-job: Ray sees the node die,
 retried on the hosts left and resumes from its last checkpoint to the same metrics, bit for bit,
 as the undisturbed run; the killed host rejoins with the same up script."""
 import json
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -20,10 +21,11 @@ from hostbed import Bed, bed_fixture
 from jobs.registry import train_job
 from orchestrator.config import compose_run, hydra_session
 
-# 200 steps, a checkpoint every 20: LIDAS grows 1 -> 4 layers (DDP rebuilt at each growth)
-# and a kill lands between checkpoints with most of the run still to do.
+# 120 steps, a checkpoint every 20: LIDAS grows 1 -> 4 layers (DDP rebuilt at each growth) and
+# a kill after step 40 lands between checkpoints with most of the run still to do.
+STEPS = 120
 RUN = ["size=micro", "family=lidas", "seed=0", "tracker=none", "eval.jobs=[]", "resources.nodes=2",
-       "train.steps=200", "train.checkpoint_every=20"]
+       f"train.steps={STEPS}", "train.checkpoint_every=20"]
 COMPARED = ("final_loss", "train_flops", "train_tokens", "final_layers", "steps")
 
 
@@ -96,16 +98,36 @@ def checkpoints(store, rid: str) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in (store / "runs" / rid / "checkpoints").glob("step_*.pt")}
 
 
+def torchrun_args(bed: Bed, k: int) -> dict[str, str]:
+    """The rendezvous arguments of the torchrun running on host k."""
+    for pid in bed.pids(k):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if "torch.distributed.run" in argv:
+            pairs = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+            return {key: pairs.get(key) for key in ("--nnodes", "--node_rank", "--master_addr")}
+    return {}
+
+
 def test_a_host_killed_mid_job_fails_over_and_resumes_to_identical_metrics(bed, reference, tmp_path):
     store, log = bed.shared("killed"), tmp_path / "driver.log"
     driver = bed.start_on(1, *sweep_args(bed, store, "ddp"), output=log)
     # Mid-run, after two checkpoints: kill every process of the job's host that is not the head.
-    wait_for(lambda: checkpointed(store, 60, 2), timeout=300, process=driver)
+    wait_for(lambda: checkpointed(store, 40, 2), timeout=300, process=driver)
     rid = only_run(store)
     before = state(store, rid)["jobs"]["train"]
     nodes = reference["nodes"]
     victim_id = next(i for i in before["node_ids"] if nodes[i]["host"] != "node1")
     victim = int(nodes[victim_id]["host"].removeprefix("node"))
+    # Each bundle's host runs its node's torchrun, node rank = bundle index, all of them with
+    # the rendezvous at the first bundle's address.
+    first_addr = nodes[before["node_ids"][0]]["ip"]
+    for rank, node_id in enumerate(before["node_ids"]):
+        k = int(nodes[node_id]["host"].removeprefix("node"))
+        assert torchrun_args(bed, k) == {"--nnodes": "2", "--node_rank": str(rank),
+                                         "--master_addr": first_addr}, (k, rank)
     assert bed.kill_host(victim) > 0
     last_checkpoint = max(int(name[5:12]) for name in checkpoints(store, rid))
     # The retry's first progress report: where the second attempt started training.
@@ -127,7 +149,7 @@ def test_a_host_killed_mid_job_fails_over_and_resumes_to_identical_metrics(bed, 
     # Resumed, not restarted: the retry's first report is past the last checkpoint before the
     # kill, and the history has every step once.
     assert first_step > last_checkpoint >= 40, (first_step, last_checkpoint)
-    assert history(store, rid)["step"].tolist() == list(range(5, 201, 5))
+    assert history(store, rid)["step"].tolist() == list(range(5, STEPS + 1, 5))
     pd.testing.assert_frame_equal(history(store, rid), reference["history"])  # bit for bit
     got = metrics(store, rid)
     assert {k: got[k] for k in COMPARED} == {k: reference["metrics"][k] for k in COMPARED}
