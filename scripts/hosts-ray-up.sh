@@ -8,7 +8,11 @@
 #       cluster.address=$(cat $HOSTS_DIR/ray/address) ...
 # Settings: HOSTS_RAY_PORT=6379, HOSTS_RAY_CPUS=1 (per host), HOSTS_RAY_MEMORY_MB=2048 (per
 # host), HOSTS_RAY_TIMEOUT=180 (seconds to wait for all nodes), HOSTS_RAY=ray (the ray command:
-# the venv's; the hosts get the caller's environment, PATH and PYTHONPATH included).
+# the venv's; the hosts get the caller's environment, PATH and PYTHONPATH included),
+# HOSTS_RAY_KEEPALIVE_MS (unset: Ray's defaults): Ray's gRPC client keepalive time and timeout,
+# also written to the env file for the driver. A host cut off (link down, not killed) leaves its
+# tasks' RPCs hanging until keepalive gives up: with the defaults a job on it fails over only
+# after minutes (seen: not within 5); with 5000 in about 100 s.
 # Stop it with scripts/hosts-ray-down.sh (scripts/hosts-down.sh stops everything).
 set -euo pipefail
 . "$(dirname "$0")/hosts-lib.sh"
@@ -20,10 +24,13 @@ TIMEOUT=${HOSTS_RAY_TIMEOUT:-180}; RAY=${HOSTS_RAY:-$(command -v ray || true)}
 START=$SECONDS
 HEAD=$(addr 1):$PORT
 mkdir -p "$DIR/ray" "$DIR/log"; chmod 700 "$DIR/ray"
-if [ ! -s "$DIR/ray/env" ]; then
-  token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
-  ( umask 077; printf 'export RAY_AUTH_MODE=token\nexport RAY_AUTH_TOKEN=%s\n' "$token" > "$DIR/ray/env" )
-fi
+[ -s "$DIR/ray/token" ] || ( umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$DIR/ray/token" )
+( umask 077
+  printf 'export RAY_AUTH_MODE=token\nexport RAY_AUTH_TOKEN=%s\n' "$(cat "$DIR/ray/token")"
+  if [ -n "${HOSTS_RAY_KEEPALIVE_MS:-}" ]; then
+    printf 'export RAY_grpc_client_keepalive_time_ms=%s\nexport RAY_grpc_client_keepalive_timeout_ms=%s\n' \
+      "$HOSTS_RAY_KEEPALIVE_MS" "$HOSTS_RAY_KEEPALIVE_MS"
+  fi ) > "$DIR/ray/env"
 . "$DIR/ray/env"
 export RAY_USAGE_STATS_ENABLED=0
 echo "$HEAD" > "$DIR/ray/address"
