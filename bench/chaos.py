@@ -1,8 +1,10 @@
 """Chaos soak across hosts (a benchmark, not a test): a sweep of micro runs on a Ray cluster over
 the multi-host test bed (scripts/hosts-up.sh, scripts/hosts-ray-up.sh) while a seeded loop kills,
 every few seconds while jobs run, one of: a random Ray worker running a job, the raylet of a random worker host
-(the host's Ray dies with it; it rejoins a few seconds later), or the sweep's driver (the same
-command is run again and resumes). Bounded in faults and time.
+(the host's Ray dies with it; it rejoins a few seconds later), the link of a random worker host
+(cut off for --link-down seconds while its processes live on and may finish their jobs on the
+shared store; then its Ray restarts), or the sweep's driver (the same command is run again and
+resumes). Bounded in faults and time.
 
 First the same sweep runs undisturbed into a store of its own, on the same cluster: the
 reference. At the end it prints the faults injected, the jobs retried, the runs finished, and
@@ -13,7 +15,8 @@ attempts, same checkpoint files).
 
     sudo python bench/chaos.py [--families dense,lidas,looped] [--seeds 10] [--steps 80]
                                [--faults 12] [--every 5] [--max-minutes 30] [--seed 0]
-                               [--hosts 3] [--keep]
+                               [--hosts 3] [--kinds worker,worker,raylet,driver,link]
+                               [--link-down 40] [--keepalive-ms 5000] [--keep]
 
 Root only (namespaces). Exit status 0 when every check holds, 1 otherwise. The bed is named
 `chaos` (198.18.3.0/24) and torn down at the end unless --keep.
@@ -65,6 +68,8 @@ class Sweep:
                         f"cluster.address={bed.ray_address}", f"store.root={store}", "--name", name]
         self.proc: Optional[subprocess.Popen] = None
         self.starts = 0
+        for old in store.parent.glob(f"{store.name}-driver-*.log"):  # an earlier soak's
+            old.unlink()
 
     def output(self, start: int) -> Path:
         return self.store.parent / f"{self.store.name}-driver-{start}.log"
@@ -102,9 +107,10 @@ def checkpoint_files(store: Path, rid: str) -> dict[str, int]:
 class Chaos:
     """The seeded fault loop; a fault every `every` seconds on average, at most `faults`."""
 
-    def __init__(self, bed: Bed, sweep: Sweep, rng: random.Random, faults: int, every: float):
+    def __init__(self, bed: Bed, sweep: Sweep, rng: random.Random, faults: int, every: float,
+                 kinds: list[str], link_down_s: float):
         self.bed, self.sweep, self.rng = bed, sweep, rng
-        self.left, self.every = faults, every
+        self.left, self.every, self.kinds, self.link_down_s = faults, every, kinds, link_down_s
         self.injected: Counter = Counter()
         self.log: list[str] = []
         self.restarting: set[int] = set()
@@ -122,10 +128,13 @@ class Chaos:
     def raylet(self, k: int) -> Optional[int]:
         return next((p for p in self.bed.pids(k) if "/raylet/raylet " in cmdline(p)), None)
 
-    def rejoin(self, k: int) -> None:
-        """After a raylet kill: the rest of the host's Ray goes too, then the up script restarts it."""
+    def rejoin(self, k: int, after_s: float = 3, link: bool = False) -> None:
+        """After a raylet kill (or `link`: a link down): the rest of the host's Ray goes too
+        (its link up again first), then the up script starts it again."""
         def later() -> None:
-            time.sleep(3)
+            time.sleep(after_s)
+            if link:
+                self.bed.link(k, True)
             self.bed.kill_host(k)
             self.bed.script("hosts-ray-up.sh", timeout=400, check=False)
             self.restarting.discard(k)
@@ -138,14 +147,14 @@ class Chaos:
         workers = self.busy_workers()
         if not workers:
             return None
-        kinds = ["worker", "worker", "raylet", "driver"]
+        kinds = list(self.kinds)
         self.rng.shuffle(kinds)
         choice = self.rng.random()  # drawn whatever happens, so the sequence stays seeded
         for kind in kinds:
             if kind == "worker":
                 k, pid, task = workers[int(choice * len(workers))]
                 os.kill(pid, signal.SIGKILL)
-                return f"worker {task} (pid {pid}) on node{k}"
+                return f"worker {task} (pid {pid}) on node{k} killed"
             if kind == "raylet":
                 hosts = [k for k in range(2, self.bed.n + 1)
                          if k not in self.restarting and self.raylet(k)]
@@ -153,10 +162,17 @@ class Chaos:
                     k = hosts[int(choice * len(hosts))]
                     os.kill(self.raylet(k), signal.SIGKILL)
                     self.rejoin(k)
-                    return f"raylet of node{k}"
+                    return f"raylet of node{k} killed"
+            if kind == "link":
+                hosts = [k for k in range(2, self.bed.n + 1) if k not in self.restarting]
+                if hosts:
+                    k = hosts[int(choice * len(hosts))]
+                    self.bed.link(k, False)
+                    self.rejoin(k, after_s=self.link_down_s, link=True)
+                    return f"link of node{k} cut for {self.link_down_s:g} s"
             if kind == "driver" and (pid := self.sweep.driver_pid()):
                 os.kill(pid, signal.SIGKILL)
-                return f"driver (pid {pid})"
+                return f"driver (pid {pid}) killed"
         return None
 
     def tick(self, now: float, next_at: float) -> float:
@@ -168,7 +184,7 @@ class Chaos:
         self.left -= 1
         self.injected[what.split()[0]] += 1
         self.log.append(what)
-        log(f"fault {sum(self.injected.values())}: killed {what}")
+        log(f"fault {sum(self.injected.values())}: {what}")
         return now + self.rng.uniform(0.5, 1.5) * self.every
 
 
@@ -210,6 +226,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--max-minutes", type=float, default=30.0, help="bound on the chaos phase")
     parser.add_argument("--seed", type=int, default=0, help="seeds the fault loop")
     parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--kinds", default="worker,worker,raylet,driver,link",
+                        help="the faults drawn from (a kind twice: twice as likely)")
+    parser.add_argument("--link-down", type=float, default=40.0,
+                        help="seconds a host's link stays down (then its Ray restarts)")
+    parser.add_argument("--keepalive-ms", default="5000",
+                        help="Ray's gRPC keepalive on the bed (HOSTS_RAY_KEEPALIVE_MS; '' = Ray's "
+                             "defaults, with which a cut-off host fails over only after minutes)")
     parser.add_argument("--keep", action="store_true", help="leave the bed and its Ray up")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -223,7 +246,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.monotonic()
     try:
         bed.up()
-        bed.ray_up()
+        bed.ray_up(**({"HOSTS_RAY_KEEPALIVE_MS": args.keepalive_ms} if args.keepalive_ms else {}))
         log(f"bed up: {args.hosts} hosts, Ray head {bed.ray_address} ({time.monotonic() - started:.0f} s)")
 
         reference = Sweep(bed, bed.shared("reference"), overrides, "chaos")
@@ -234,7 +257,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         log(f"reference: {len(ref_ids)} runs undisturbed in {time.monotonic() - t0:.0f} s")
 
         sweep = Sweep(bed, bed.shared("chaos"), overrides, "chaos")
-        chaos = Chaos(bed, sweep, random.Random(args.seed), args.faults, args.every)
+        chaos = Chaos(bed, sweep, random.Random(args.seed), args.faults, args.every,
+                      args.kinds.split(","), args.link_down)
         t0 = time.monotonic()
         finished, seen, problems = soak(bed, sweep, chaos, t0 + args.max_minutes * 60)
         wall = time.monotonic() - t0

@@ -10,7 +10,8 @@
 # host), HOSTS_RAY_TIMEOUT=180 (seconds to wait for all nodes), HOSTS_RAY=ray (the ray command:
 # the venv's; the hosts get the caller's environment, PATH and PYTHONPATH included),
 # HOSTS_RAY_KEEPALIVE_MS (unset: Ray's defaults): Ray's gRPC client keepalive time and timeout,
-# also written to the env file for the driver. A host cut off (link down, not killed) leaves its
+# also written to the env file for the driver; kept for later runs of this script (a rejoining
+# host), '' goes back to Ray's defaults (300 s + 120 s). A host cut off (link down, not killed) leaves its
 # tasks' RPCs hanging until keepalive gives up: with the defaults a job on it fails over only
 # after minutes (seen: not within 5); with 5000 in about 100 s.
 # Stop it with scripts/hosts-ray-down.sh (scripts/hosts-down.sh stops everything).
@@ -25,12 +26,16 @@ START=$SECONDS
 HEAD=$(addr 1):$PORT
 mkdir -p "$DIR/ray" "$DIR/log"; chmod 700 "$DIR/ray"
 [ -s "$DIR/ray/token" ] || ( umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$DIR/ray/token" )
+# Unset: what the cluster was started with (a host rejoining gets the same); empty: Ray's defaults.
+KEEPALIVE=${HOSTS_RAY_KEEPALIVE_MS-$(sed -n 's/^export RAY_grpc_client_keepalive_time_ms=//p' "$DIR/ray/env" 2>/dev/null)}
+[[ $KEEPALIVE =~ ^[0-9]*$ ]] || die "HOSTS_RAY_KEEPALIVE_MS=$KEEPALIVE: milliseconds"
 ( umask 077
   printf 'export RAY_AUTH_MODE=token\nexport RAY_AUTH_TOKEN=%s\n' "$(cat "$DIR/ray/token")"
-  if [ -n "${HOSTS_RAY_KEEPALIVE_MS:-}" ]; then
+  if [ -n "$KEEPALIVE" ]; then
     printf 'export RAY_grpc_client_keepalive_time_ms=%s\nexport RAY_grpc_client_keepalive_timeout_ms=%s\n' \
-      "$HOSTS_RAY_KEEPALIVE_MS" "$HOSTS_RAY_KEEPALIVE_MS"
-  fi ) > "$DIR/ray/env"
+      "$KEEPALIVE" "$KEEPALIVE"
+  fi ) > "$DIR/ray/env.new"
+mv "$DIR/ray/env.new" "$DIR/ray/env"
 . "$DIR/ray/env"
 export RAY_USAGE_STATS_ENABLED=0
 echo "$HEAD" > "$DIR/ray/address"

@@ -138,8 +138,8 @@ class Bed:
                         "up" if up else "down"], check=True)
 
     # ---- Ray --------------------------------------------------------------------------------
-    def ray_up(self) -> str:
-        self.script("hosts-ray-up.sh", timeout=400)
+    def ray_up(self, **env: str) -> str:
+        self.script("hosts-ray-up.sh", timeout=400, **env)
         return self.ray_address
 
     @property
