@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop the Slurm of scripts/hosts-slurm-up.sh: cancel every job, stop slurmctld, the slurmds and
 # the munged of every host, and unbind /etc/slurm and /etc/munge inside the hosts. Idempotent.
-# Keeps the config, key and state in $HOSTS_DIR/slurm (scripts/hosts-down.sh --purge removes it).
+# Keeps the config, key and state in $HOSTS_DIR/slurm (scripts/hosts-down.sh removes them).
 set -uo pipefail
 . "$(dirname "$0")/hosts-lib.sh"
 [ "$(id -u)" = 0 ] || die "must run as root"
