@@ -27,7 +27,7 @@ HEAD=$(addr 1):$PORT
 mkdir -p "$DIR/ray" "$DIR/log"; chmod 700 "$DIR/ray"
 [ -s "$DIR/ray/token" ] || ( umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$DIR/ray/token" )
 # Unset: what the cluster was started with (a host rejoining gets the same); empty: Ray's defaults.
-KEEPALIVE=${HOSTS_RAY_KEEPALIVE_MS-$(sed -n 's/^export RAY_grpc_client_keepalive_time_ms=//p' "$DIR/ray/env" 2>/dev/null)}
+KEEPALIVE=${HOSTS_RAY_KEEPALIVE_MS-$(sed -n 's/^export RAY_grpc_client_keepalive_time_ms=//p' "$DIR/ray/env" 2>/dev/null || true)}
 [[ $KEEPALIVE =~ ^[0-9]*$ ]] || die "HOSTS_RAY_KEEPALIVE_MS=$KEEPALIVE: milliseconds"
 ( umask 077
   printf 'export RAY_AUTH_MODE=token\nexport RAY_AUTH_TOKEN=%s\n' "$(cat "$DIR/ray/token")"

@@ -130,14 +130,21 @@ def test_a_host_killed_mid_job_fails_over_and_resumes_to_identical_metrics(bed, 
                                          "--master_addr": first_addr}, (k, rank)
     assert bed.kill_host(victim) > 0
     last_checkpoint = max(int(name[5:12]) for name in checkpoints(store, rid))
-    # The retry's first progress report: where the second attempt started training.
+    # The retry's first progress report: where the second attempt started training. A report
+    # written after the state says attempt 2 is the retry's (the first attempt's node rank 0
+    # had to end for the retry to get the run's claim); progress.json may still hold an older one.
+    progress_file, since = store / "runs" / rid / "progress.json", []
+
     def retried() -> Optional[int]:
         try:
             attempts = state(store, rid)["jobs"]["train"]["attempts"]
+            written = progress_file.stat().st_mtime_ns
         except (OSError, ValueError, KeyError):
             return None
-        step = progress_of(store).get("step", 0)
-        return step if attempts == 2 and 0 < step else None
+        if attempts < 2:
+            return None
+        since.append(since[0] if since else written)
+        return progress_of(store).get("step") if written > since[0] else None
     first_step = wait_for(retried, timeout=300, process=driver)
     assert driver.wait(timeout=300) == 0, log.read_text()
 
