@@ -47,6 +47,7 @@ from jobs import integrity
 FORMAT_VERSION = 2
 DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
     "done", "failed", "running", "pending", "interrupted", "corrupt")
+WAITING = "waiting"  # a multi-node job whose nodes the cluster cannot give now (`waiting_for` says what)
 
 
 class StoreError(RuntimeError):
@@ -337,8 +338,8 @@ def _untouched(run_id: str) -> dict:
 
 
 def run_status(job_statuses: list[str]) -> str:
-    """A run is done when all its jobs are; failed/running/interrupted win over pending."""
-    for status in (FAILED, RUNNING, INTERRUPTED):
+    """A run is done when all its jobs are; failed/running/waiting/interrupted win over pending."""
+    for status in (FAILED, RUNNING, WAITING, INTERRUPTED):
         if status in job_statuses:
             return status
     return DONE if job_statuses and all(s == DONE for s in job_statuses) else PENDING

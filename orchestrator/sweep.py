@@ -31,7 +31,7 @@ from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_
 from orchestrator.executors import Executor, recorded_executor
 from orchestrator.identity import run_id
 from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_text
-from orchestrator.store import CORRUPT, FAILED, Store, StoreError
+from orchestrator.store import CORRUPT, FAILED, WAITING, Store, StoreError
 from orchestrator.upgrade import upgrade
 from orchestrator.worker import execute
 
@@ -296,6 +296,10 @@ def _damage_notes(store: Store, rid: str, label: str, state: dict) -> list[str]:
             job["status"] = "stale" if job.get("status") == "running" else job.get("status")
         notes.append(f"stale {rid} {label}: state.json says running but no process holds its "
                      f"claim (killed); the next sweep resumes it from its last checkpoint")
+    notes += [f"waiting {rid} {label}: since {entry.get('waiting_since')} job {job} needs {entry['waiting_for']},"
+              " which the cluster cannot give now (a node was lost, or other jobs hold them); it starts when they"
+              " are free (if the sweep's driver was stopped meanwhile, rerun the sweep)"
+              for job, entry in state.get("jobs", {}).items() if entry.get("status") == WAITING]
     return notes + [f"recovered {rid} {label}: {r}" for r in store.recovered(rid)]
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from common.settings import require
 from orchestrator.executors import CLUSTERS
-from orchestrator.executors.slurm_tools import SlurmCommon, SlurmExecutor, header, prologue, quoted, slurm_dir
+from orchestrator.executors.slurm_tools import (Request, SlurmCommon, SlurmExecutor, header, prologue, quoted,
+                                                slurm_dir)
 from orchestrator.plan import PlannedRun, jobs_of, resources_of
 from orchestrator.store import Store
 
@@ -48,6 +49,12 @@ class SlurmArrayExecutor(SlurmExecutor):
             "",
         ])
         return {"array": array, "report": report}
+
+    def request(self, runs: list[PlannedRun]) -> Request:
+        cpus, mem, gpus = task_resources([r.config for r in runs if r.todo] or [r.config for r in runs])
+        return Request(1, cpus, mem, gpus, {"nodes": "resources.nodes", "cpus": "resources.cpus (or eval.resources.cpus)",
+                                            "mem_gb": "resources.memory_gb (or eval.resources.memory_gb)",
+                                            "gpus": "resources.gpus (or eval.resources.gpus)"})
 
 
 @CLUSTERS.register("slurm_array")
