@@ -6,7 +6,10 @@ had one schema for every component, so each config carried the sections of the f
 kinds and backends it did not use (as null, or at that schema's defaults), and the settings of
 the evaluations known then. `semantic_config` rebuilds exactly that form. An evaluation added
 since is not part of the id: its settings are recorded with its result instead (`settings_digest`,
-orchestrator/plan.py reruns it when they change), so adding an evaluation retrains nothing."""
+orchestrator/plan.py reruns it when they change), so adding an evaluation retrains nothing. The
+revision of an evaluation's metrics (`revision=` of `@evaluation`, bumped when what they mean
+changes) is recorded the same way, for every evaluation: its results of an earlier revision are
+computed again on the run's checkpoint, never mixed with the new meaning."""
 from __future__ import annotations
 
 import copy
@@ -14,6 +17,8 @@ import dataclasses
 import hashlib
 import json
 from typing import Any
+
+from jobs.evals import EVALUATIONS
 
 # Sections and keys that do not change a run's results: where it runs, how it is tracked and
 # stored, how often it checkpoints or retries, whether it is compiled (like the thread count, it
@@ -61,12 +66,20 @@ def run_id(cfg: Any) -> str:
 
 
 def settings_digest(cfg: Any, job: str) -> str | None:
-    """For an evaluation whose settings are not part of the run id, a digest of them (recorded
-    with its result); None for the others."""
-    if job == "train" or job in FORMAT1_EVALUATIONS:
+    """What an evaluation's result is recorded with, so that it reruns when it changes: a digest
+    of its settings where they are not part of the run id, and of its revision where that is past
+    the first. None for training and for a format-1 evaluation of its first revision (its settings
+    are in the id); an evaluation without settings digests its revision alone."""
+    if job == "train":
         return None
+    revision = EVALUATIONS[job].revision
     settings = getattr(cfg.eval, job, None)
-    return None if settings is None else _digest(dataclasses.asdict(settings))
+    recorded: dict[str, Any] = {}
+    if settings is not None and job not in FORMAT1_EVALUATIONS:
+        recorded = dataclasses.asdict(settings)
+    if revision > 1:
+        recorded = {"settings": recorded, "revision": revision} if recorded else {"revision": revision}
+    return _digest(recorded) if recorded else None
 
 
 def _digest(obj: Any) -> str:

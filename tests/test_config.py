@@ -147,7 +147,8 @@ def test_run_ids_of_format_1_are_kept():
     cases = json.loads(FORMAT1.read_text())
     with hydra_session():
         for case in cases:
-            assert run_id(compose_run(case["overrides"])) == case["run_id"], case["overrides"]
+            overrides = case["overrides"]
+            assert run_id(compose_run(overrides)) == case["run_id"], overrides
             assert run_id(case["config"]) == case["run_id"]
     stored = next(c["config"] for c in cases if c["config"]["family"]["name"] == "lidas")
     assert run_id(load_run_config(stored)) == run_id(stored)
@@ -212,3 +213,19 @@ def test_typed_configs_reach_jobs_as_objects():
     assert isinstance(cfg, RunConfig)
     assert cfg.family.stages(cfg.model, cfg.train.steps)[-1].n_layers == cfg.model.n_layers
     assert cfg.eval.regbench.instances > 0 and cfg.backend.name == "torch"
+
+
+def test_a_revision_of_an_evaluation_is_recorded_and_reruns_it():
+    from orchestrator.identity import settings_digest
+    from orchestrator.plan import done
+
+    with hydra_session():
+        cfg = compose_run(["size=micro"])
+    digest = settings_digest(cfg, "regbench")
+    assert EVALUATIONS["regbench"].revision == 2 and digest is not None
+    assert settings_digest(cfg, "induction") is None and settings_digest(cfg, "train") is None  # revision 1
+    recorded = {"jobs": {"regbench": {"status": "done"}, "induction": {"status": "done"}, "train": {"status": "done"}}}
+    assert not done(recorded, "regbench", cfg)  # recorded by revision 1, without a digest
+    assert done(recorded, "induction", cfg) and done(recorded, "train", cfg)
+    recorded["jobs"]["regbench"]["settings"] = digest
+    assert done(recorded, "regbench", cfg)

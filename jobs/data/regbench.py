@@ -276,22 +276,32 @@ class EvalSet:
     valid: np.ndarray  # [N, T] bool: input is a symbol or separator (not pad)
     n_context_strings: np.ndarray  # [N, T] int64: complete strings before the position
     valid_next: np.ndarray  # [N, T, 18] bool: symbols the automaton allows next
+    scored: np.ndarray  # [N, T] bool: the positions the reference code scores (see build_eval_set)
 
 
 def build_eval_set(automata: Sequence[Automaton], data_cfg: DataSpec, n_instances: int,
                    rng: np.random.Generator) -> EvalSet:
-    """Instances of ``automata[i % len(automata)]`` with their exact next-symbol distributions."""
+    """Instances of ``automata[i % len(automata)]`` with their exact next-symbol distributions.
+
+    Scored positions are the reference code's (berlino/seq_icl): its instance is ``s1 | ... | sn``
+    without our opening ``|``, its input is the instance without its last token, and it scores
+    every input position against the continuation distribution of the current state, also at a
+    string's last symbol (where the next token is ``|``). Ours are therefore every position but
+    the opening ``|`` (position 0) and the instance's last token (whose next token is pad);
+    in an instance cut at the context's end, every position from 1 on."""
     tables = _PoolTables(tuple(automata))
     automaton = np.arange(n_instances) % len(automata)
     tokens, states = _instances(tables, automaton, RegBenchConfig.parse(data_cfg), rng)
     inputs, states = tokens[:, :-1], states[:, :-1]
     valid = inputs != PAD
+    scored = valid & (tokens[:, 1:] != PAD) & (np.arange(inputs.shape[1]) >= 1)
     rows = automaton[:, None] * tables.width + np.maximum(states, 0)
     valid_next = tables.allowed[rows] & valid[..., None]
     ref = (valid_next / np.maximum(valid_next.sum(axis=-1, keepdims=True), 1)).astype(np.float32)
     # Separators before the current string = complete strings seen (the opening "|" counts 0).
     n_context_strings = np.cumsum(inputs == SEP, axis=1) - 1
-    arrays = dict(inputs=inputs, ref=ref, valid=valid, n_context_strings=n_context_strings, valid_next=valid_next)
+    arrays = dict(inputs=inputs, ref=ref, valid=valid, n_context_strings=n_context_strings, valid_next=valid_next,
+                  scored=scored)
     for array in arrays.values():
         array.setflags(write=False)
     return EvalSet(**arrays)
