@@ -9,7 +9,13 @@ since is not part of the id: its settings are recorded with its result instead (
 orchestrator/plan.py reruns it when they change), so adding an evaluation retrains nothing. The
 revision of an evaluation's metrics (`revision=` of `@evaluation`, bumped when what they mean
 changes) is recorded the same way, for every evaluation: its results of an earlier revision are
-computed again on the run's checkpoint, never mixed with the new meaning."""
+computed again on the run's checkpoint, never mixed with the new meaning.
+
+Data settings added since format 1 are left out while they are at the value that behaves as
+format 1 did: `data.train_sequences` (and the `data.validation_sequences` that goes with it)
+while it is null, the infinite stream of format 1. `data.cut_at_context` never changes the data
+(it only decides whether planning refuses a context shorter than the longest instance; the
+generator cuts at the context's end as format 1 did), so it is never part of the id."""
 from __future__ import annotations
 
 import copy
@@ -26,7 +32,9 @@ from jobs.evals import EVALUATIONS
 # (a newly listed evaluation runs on the existing run instead of retraining it).
 NON_SEMANTIC = ("cluster", "store", "resources", "tracker", "adaptive", "train.max_retries",
                 "train.checkpoint_every", "train.compile", "eval.jobs", "eval.resources",
-                "backend.nanotron.project", "backend.nanotron.attn_implementation")
+                "backend.nanotron.project", "backend.nanotron.attn_implementation", "data.cut_at_context")
+# Data settings of the training set: in the id only when not at format 1's behaviour (the stream).
+FIXED_SET_KEYS = ("train_sequences", "validation_sequences")
 
 # The form of format 1 (see the module docstring).
 FORMAT1_EVALUATIONS = ("regbench", "induction", "ablation", "gsm8k")
@@ -50,6 +58,9 @@ def semantic_config(cfg: Any) -> dict:
         for p in parents:
             node = node.get(p) or {}
         node.pop(leaf, None)
+    if out["data"].get("train_sequences") is None:
+        for key in FIXED_SET_KEYS:
+            out["data"].pop(key, None)
     for section, keys in FORMAT1_SECTIONS.items():
         for key in keys:
             out[section].setdefault(key, None)

@@ -273,7 +273,7 @@ def evaluate(data_cfg: DataSpec, settings: RegBenchSettings,
     with torch.no_grad():
         scores = _scores_in_batches(eval_set, batch_size, lambda inputs, ref, allowed: _model_scores(
             logits_fn(torch.from_numpy(inputs.copy())), ref, allowed))
-    scores |= _reference_scores(cfg, n_instances, settings.ngram_alpha)
+    scores |= _reference_scores(cfg.automata, n_instances, settings.ngram_alpha)
     return _summaries(scores, eval_set)
 
 
