@@ -10,6 +10,8 @@ The run ends bit-identical to an undisturbed DDP run. Array tasks land on both h
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +31,9 @@ from orchestrator.config import compose_run, hydra_session
 from orchestrator.executors.slurm_tools import ACTIVE
 from orchestrator.store import DONE, Store
 
+STEPS = 200
 RUN = ["size=micro", "family=lidas", "seed=0", "tracker=none", "eval.jobs=[]", "resources.nodes=2",
-       "train.steps=200", "train.checkpoint_every=20"]
+       f"train.steps={STEPS}", "train.checkpoint_every=20"]
 SETUP = f'cluster.setup=["export PATH={BIN}:$PATH"]'
 ALLOCATION = ["cluster=slurm", "cluster.nodes=2", "cluster.cpus_per_node=1", "cluster.mem_gb=2",
               "cluster.time=00:10:00", SETUP]
@@ -108,6 +111,22 @@ def training(store: Path, at_step: int) -> bool:
     return progress(store).get("step", 0) >= at_step and bool(list(store.glob("runs/*/checkpoints/step_*.pt")))
 
 
+def signal_ranks(bed: Bed, hosts: tuple[int, ...], sig: signal.Signals) -> int:
+    """Send `sig` to the job's ranks on `hosts`; how many got it. The test freezes the ranks
+    (SIGSTOP) so that the micro job cannot finish while it looks at it, and thaws the survivor
+    (SIGCONT) once its peer's host is dead, so that it meets the lost peer as a real rank would."""
+    sent = 0
+    for k in hosts:
+        for pid in bed.pids(k):
+            try:
+                if b"jobs.rank" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, sig)
+                    sent += 1
+            except (OSError, ProcessLookupError):
+                pass
+    return sent
+
+
 def processes(bed: Bed, k: int) -> set[str]:
     names = set()
     for pid in bed.pids(k):
@@ -135,9 +154,10 @@ def test_a_host_lost_inside_a_two_host_allocation_resumes_on_resubmission(bed):
     store, name = bed.shared("nodefail"), "two-hosts"
     args = [*RUN, *ALLOCATION]
     assert "submitted Slurm allocation job" in submit(bed, store, name, *args)
-    wait_for(lambda: training(store, 40) or (over(bed, store, name) and "over"), timeout=300)
+    wait_for(lambda: (training(store, 40) and signal_ranks(bed, (2, 3), signal.SIGSTOP)) or (over(bed, store, name) and "over"),
+             timeout=300)
     assert not over(bed, store, name), logs(store, name)
-    status = cli(bed, "status", name, "--store", str(store)).stdout  # first: training goes on meanwhile
+    status = cli(bed, "status", name, "--store", str(store)).stdout
     assert "slurm allocation job" in status and "RUNNING" in status, status
     [rid] = Store(store).read_sweep(name)["run_ids"]
     first = state(store, rid)["jobs"]["train"]
@@ -148,25 +168,33 @@ def test_a_host_lost_inside_a_two_host_allocation_resumes_on_resubmission(bed):
     assert "raylet" in processes(bed, 2) and "raylet" in processes(bed, 3)
 
     assert bed.kill_host(3) > 0  # slurmd, munged, the Ray worker, the rank: all of node3
+    signal_ranks(bed, (2,), signal.SIGCONT)
     reference = ThreadPoolExecutor(1).submit(undisturbed)  # meanwhile, on the root namespace's CPU
     # Slurm marks the silent node down (SlurmdTimeout) and requeues the allocation (--requeue),
     # which waits for two nodes; nothing of it is left on node2.
-    wait_for(lambda: node_states(bed).get("node3", "").startswith("down"), timeout=120)
     try:
-        wait_for(lambda: set(slurm_states(bed, store, name).values()) <= {"PENDING", "REQUEUED"}, timeout=120)
-    except AssertionError:
-        raise AssertionError(f"not requeued: {slurm_states(bed, store, name)}, nodes {node_states(bed)}, "
-                             f"node2: {processes(bed, 2)}\n{logs(store, name)}") from None
-    status = cli(bed, "status", name, "--store", str(store)).stdout
-    assert "PENDING" in status or "REQUEUED" in status, status
-    wait_for(lambda: processes(bed, 2) <= {"munged", "slurmd"}, timeout=60)
-    assert state(store, rid)["jobs"]["train"]["status"] != DONE
-    out = cli(bed, "cancel", name, "--store", str(store))
-    assert out.returncode == 0 and "cancelled Slurm job" in out.stdout, out.stdout + out.stderr
-    wait_for(lambda: over(bed, store, name), timeout=90)
-    assert "CANCELLED" in cli(bed, "status", name, "--store", str(store)).stdout
-
-    bed.script("hosts-slurm-up.sh", timeout=300)  # the host comes back: its daemons again
+        wait_for(lambda: node_states(bed).get("node3", "").startswith("down"), timeout=120)
+        try:
+            wait_for(lambda: set(slurm_states(bed, store, name).values()) <= {"PENDING", "REQUEUED"}, timeout=120)
+        except AssertionError:
+            raise AssertionError(f"not requeued: {slurm_states(bed, store, name)}, nodes {node_states(bed)}, "
+                                 f"node2: {processes(bed, 2)}\n{logs(store, name)}") from None
+        status = cli(bed, "status", name, "--store", str(store)).stdout
+        assert "PENDING" in status or "REQUEUED" in status, status
+        try:
+            wait_for(lambda: processes(bed, 2) <= {"munged", "slurmd"}, timeout=60)
+        except AssertionError:
+            raise AssertionError(f"left on node2: {processes(bed, 2)}\n{logs(store, name)}") from None
+        assert state(store, rid)["jobs"]["train"]["status"] != DONE
+        out = cli(bed, "cancel", name, "--store", str(store))
+        assert out.returncode == 0 and "cancelled Slurm job" in out.stdout, out.stdout + out.stderr
+        wait_for(lambda: over(bed, store, name), timeout=90)
+        assert "CANCELLED" in cli(bed, "status", name, "--store", str(store)).stdout
+    except BaseException:  # leave nothing of this story to the next test
+        cli(bed, "cancel", name, "--store", str(store))
+        raise
+    finally:
+        bed.script("hosts-slurm-up.sh", timeout=300)  # the host comes back: its daemons again
     again = submit(bed, store, name, *args)
     assert "1 of 1 runs to do" in again, again
     wait_for(lambda: over(bed, store, name), timeout=400)
@@ -176,7 +204,7 @@ def test_a_host_lost_inside_a_two_host_allocation_resumes_on_resubmission(bed):
     assert "COMPLETED" in cli(bed, "status", name, "--store", str(store)).stdout
     # Every step once, and the undisturbed DDP run's history and metrics, bit for bit ...
     ref = reference.result(timeout=600)
-    assert history(store, rid)["step"].tolist() == list(range(5, 121, 5))
+    assert history(store, rid)["step"].tolist() == list(range(5, STEPS + 1, 5))
     pd.testing.assert_frame_equal(history(store, rid), ref["history"])
     got = metrics(store, rid)
     assert {k: got[k] for k in COMPARED} == {k: ref["metrics"][k] for k in COMPARED}
