@@ -28,27 +28,8 @@ retry() {
   until "$@" >/dev/null 2>&1; do n=$((n - 1)); [ $n -gt 0 ] || return 1; sleep 0.2; done
 }
 
-# 1. Packages. A temporary policy-rc.d keeps the packages' scripts from starting services.
-# One package installation at a time on this machine (the one-node and the multi-host setups may
-# start together, from two test workers): the second waits, then finds the packages installed.
-exec 9>/tmp/.orchestrator-apt.lock
-flock -w 900 9 || die "another package installation held /tmp/.orchestrator-apt.lock for 15 min"
-missing=""
-for p in munge slurmctld slurmd slurm-client; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-  echo "slurm-local-up: installing$missing" >&2
-  policy=0
-  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-                                     chmod +x /usr/sbin/policy-rc.d; policy=1; }
-  rc=0
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -qq --no-install-recommends $missing; } >/dev/null || rc=$?
-  [ $policy = 0 ] || rm -f /usr/sbin/policy-rc.d
-  [ $rc = 0 ] || die "apt-get install$missing failed (rc=$rc)"
-fi
-exec 9>&-
+# 1. Packages (scripts/slurm-packages.sh: only what is missing).
+"$(dirname "$0")/slurm-packages.sh"
 
 # 2. Configuration, rewritten only when it changes (a change restarts the daemons).
 mkdir -p "$ETC" "$LOG" "$MARK" /var/lib/slurm/slurmctld /var/lib/slurm/slurmd
