@@ -9,7 +9,8 @@ from typing import Callable
 import pandas as pd
 from scipy import stats
 
-from analysis.compute import Analysis, confirmatory_rows, in_report_order, metrics, not_beating_references, seed_means
+from analysis.compute import (Analysis, confirmatory_rows, families, in_report_order, metrics, not_beating_references,
+                              seed_means)
 from analysis.sequential import FUTILE
 from analysis.stats import BETTER, DECIDED, EQUIVALENT_VERDICTS, WORSE
 from analysis.text import (CORRECTION_LABELS, difference, listed, margins, md_table, num, p_text, seeds, seeds_text,
@@ -40,7 +41,7 @@ def headline_section(analysis: Analysis) -> list[str]:
     lines = ["## Headline", ""]
     if rows.empty:
         return lines + ["No confirmatory comparison: the baseline or a second family has no finished runs"
-                        f" of {', '.join(analysis.options.primary_metrics)}."]
+                        f" of {', '.join(analysis.options.primary_metrics)}.", *mechanism_lines(analysis)]
     baseline, single = analysis.options.baseline, rows["single_seed"].astype(bool)
     lines += [f"- {_headline(row, analysis)}" for _, row in rows[rows["verdict"].isin([BETTER, WORSE])].iterrows()]
     equivalent = rows[rows["verdict"].isin(EQUIVALENT_VERDICTS)]
@@ -59,7 +60,35 @@ def headline_section(analysis: Analysis) -> list[str]:
         lines.append(f"- No decision yet: {_together(analysis, open_)}{plan}.")
     if single.any():
         lines.append(f"- No test possible, fewer than 2 seeds: {_together(analysis, rows[single])}.")
-    return lines + _reference_cautions(analysis)
+    return lines + _reference_cautions(analysis) + mechanism_lines(analysis)
+
+
+def mechanism_lines(analysis: Analysis) -> list[str]:
+    """Per metric that declares a mechanism (MetricSpec.mechanism) and per size, one sentence:
+    which families formed it (median over their seeds at least `present_at`) and which did not,
+    so that nobody reads mechanistic numbers from models that have none."""
+    lines = []
+    for metric in sorted(m for m in set(analysis.values["metric"]) if analysis.spec_of(m).mechanism):
+        spec = analysis.spec_of(metric)
+        values = analysis.values[analysis.values["metric"] == metric]
+        for size, group in values.groupby("size", sort=True):
+            median = group.groupby("family")["value"].median()
+            order = [f for f in families(analysis) if f in median.index]
+            formed = [f for f in order if median[f] >= spec.present_at]
+            missing = [f for f in order if f not in formed]
+            rule = (f"median {spec.label} over seeds, {num(spec.present_at)} or more counts: "
+                    + listed([f"{f} {num(median[f])}" for f in order]))
+            if not missing:
+                sentence = f"Every family formed {spec.mechanism} at {size} ({rule})."
+            elif not formed:
+                sentence = (f"No family formed {spec.mechanism} at {size} ({rule}), so their mechanistic numbers"
+                            f" describe models without {spec.mechanism}.")
+            else:
+                sentence = (f"{listed(formed)} formed {spec.mechanism} at {size} but {listed(missing)} did not"
+                            f" ({rule}); the mechanistic numbers of {listed(missing)} describe models without"
+                            f" {spec.mechanism}.")
+            lines.append(f"- {sentence}")
+    return lines
 
 
 def _reference_cautions(analysis: Analysis) -> list[str]:

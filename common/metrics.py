@@ -33,6 +33,9 @@ class MetricSpec:
         sweep's verdict on it beside `paper`, the paper's single-seed values per family (at
         `paper_at`; for a cost, each family's saving against the baseline; for a p-value, its
         first companion).
+    mechanism: the mechanism a model has when the median of this metric over its seeds is at least
+        `present_at` (e.g. induction heads): the report's headline says in one sentence whether each
+        family formed it, so that no one reads mechanistic numbers from models that have none.
     section: the report section it is shown in: the title of the job that records it, filled in
         by the Job it is declared with (jobs/contract.py), not declared.
     """
@@ -50,6 +53,8 @@ class MetricSpec:
     claim: str = ""
     paper: tuple[tuple[str, float], ...] = ()
     paper_at: str = ""
+    mechanism: str = ""
+    present_at: Optional[float] = None
     section: str = ""
 
     def paper_value(self, family: str) -> Optional[float]:

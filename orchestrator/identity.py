@@ -13,7 +13,8 @@ computed again on the run's checkpoint, never mixed with the new meaning.
 
 Data settings added since format 1 are left out while they are at the value that behaves as
 format 1 did: `data.train_sequences` (and the `data.validation_sequences` that goes with it)
-while it is null, the infinite stream of format 1. `data.cut_at_context` never changes the data
+while it is null, the infinite stream of format 1; `data.warmup` (a curriculum) while it is null.
+`data.cut_at_context` never changes the data
 (it only decides whether planning refuses a context shorter than the longest instance; the
 generator cuts at the context's end as format 1 did), so it is never part of the id."""
 from __future__ import annotations
@@ -35,6 +36,8 @@ NON_SEMANTIC = ("cluster", "store", "resources", "tracker", "adaptive", "train.m
                 "backend.nanotron.project", "backend.nanotron.attn_implementation", "data.cut_at_context")
 # Data settings of the training set: in the id only when not at format 1's behaviour (the stream).
 FIXED_SET_KEYS = ("train_sequences", "validation_sequences")
+# Data settings in the id only when set (null behaves as format 1 did).
+NULL_AS_FORMAT1 = ("warmup",)
 
 # The form of format 1 (see the module docstring).
 FORMAT1_EVALUATIONS = ("regbench", "induction", "ablation", "gsm8k")
@@ -61,6 +64,9 @@ def semantic_config(cfg: Any) -> dict:
     if out["data"].get("train_sequences") is None:
         for key in FIXED_SET_KEYS:
             out["data"].pop(key, None)
+    for key in NULL_AS_FORMAT1:
+        if out["data"].get(key, 0) is None:
+            del out["data"][key]
     for section, keys in FORMAT1_SECTIONS.items():
         for key in keys:
             out[section].setdefault(key, None)

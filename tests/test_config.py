@@ -18,7 +18,7 @@ from orchestrator import grid
 from orchestrator.config import (CONF_DIR, ConfigError, RunConfig, apply_value_overrides, compose_run,
                                  hydra_session, load_run_config, typed_run)
 from orchestrator.executors import CLUSTERS
-from orchestrator.identity import run_id
+from orchestrator.identity import run_id, semantic_config
 
 FORMAT1 = Path(__file__).parent / "data" / "format1_configs.json"
 
@@ -245,10 +245,27 @@ def test_a_revision_of_an_evaluation_is_recorded_and_reruns_it():
     with hydra_session():
         cfg = compose_run(["size=micro"])
     digest = settings_digest(cfg, "regbench")
-    assert EVALUATIONS["regbench"].revision == 2 and digest is not None
-    assert settings_digest(cfg, "induction") is None and settings_digest(cfg, "train") is None  # revision 1
-    recorded = {"jobs": {"regbench": {"status": "done"}, "induction": {"status": "done"}, "train": {"status": "done"}}}
+    assert EVALUATIONS["regbench"].revision == 3 and digest is not None
+    assert settings_digest(cfg, "gsm8k") is None and settings_digest(cfg, "train") is None  # revision 1
+    recorded = {"jobs": {"regbench": {"status": "done"}, "gsm8k": {"status": "done"}, "train": {"status": "done"}}}
     assert not done(recorded, "regbench", cfg)  # recorded by revision 1, without a digest
-    assert done(recorded, "induction", cfg) and done(recorded, "train", cfg)
+    assert done(recorded, "gsm8k", cfg) and done(recorded, "train", cfg)
     recorded["jobs"]["regbench"]["settings"] = digest
     assert done(recorded, "regbench", cfg)
+
+
+def test_a_data_curriculum_is_part_of_the_id_only_when_set():
+    """data.warmup (null by default) leaves the ids of every config without a curriculum; the
+    miniature preset sets it, LIDAS's start only for LIDAS, and a bad warm-up is refused."""
+    with hydra_session():
+        plain = compose_run(["size=micro"])
+        warm = compose_run(["size=micro", "+data.warmup.steps=5"])
+        preset = {f: compose_run([f"family={f}", "experiment=miniature"]) for f in ("lidas", "looped", "dense")}
+        with pytest.raises(ConfigError, match="fewer than train.steps"):
+            compose_run(["size=micro", f"+data.warmup.steps={plain.train.steps}"])
+        with pytest.raises(ConfigError, match=r"data.warmup.num_states=\[1,3\]"):
+            compose_run(["size=micro", "+data.warmup.steps=5", "+data.warmup.num_states=[1,3]"])
+    assert plain.data.warmup is None and "warmup" not in semantic_config(plain)["data"]
+    assert run_id(warm) != run_id(plain)
+    assert {cfg.data.warmup.steps for cfg in preset.values()} == {2500}
+    assert preset["lidas"].family.growth.initial_blocks == 2

@@ -7,14 +7,19 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from jobs.evals.induction import (InductionSettings, concentration, concentration_test, head_table,
-                                  repeated_sequences, score)
+from jobs.data.regbench import SEP, RegBenchDataConfig, heldout_walks
+from jobs.evals.induction import (InductionSettings, concentration, concentration_test, even_attention_score,
+                                  head_table, in_distribution_sequences, repeated_sequences, score)
 from jobs.interp import attention_patterns, induction_scores, induction_targets
 from jobs.model import Decoder, ModelConfig, apply_rope
 
 MODEL = ModelConfig(name="test", d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=32, vocab_size=20,
                     max_seq_len=32, rope_theta=10000.0, norm_eps=1e-5, init_std=0.3, block_size=1,
                     tie_embeddings=True)
+DATA = RegBenchDataConfig(name="regbench", kind="regbench", vocab_size=20, n_symbols=18, seed=7,
+                          num_states=[3, 5], alphabet_size=[3, 6], transitions_per_state=[1, 3],
+                          strings_per_instance=[5, 8], string_length=[1, 8], train_automata=60,
+                          heldout_automata=12, seq_len=32)
 
 
 def test_planted_induction_head_scores_one_and_uniform_head_its_known_value():
@@ -60,7 +65,7 @@ def test_concentration_counts_and_exact_p_value():
 def test_score_metrics_only_for_lidas_and_deterministic():
     torch.manual_seed(0)
     model = Decoder(MODEL, 4, [0, 1, 2, 3], ancestors=[0, 1, 0, 1]).eval()
-    cfg = SimpleNamespace(seed=0, eval=SimpleNamespace(induction=InductionSettings(
+    cfg = SimpleNamespace(seed=0, data=DATA, eval=SimpleNamespace(induction=InductionSettings(
         sequences=8, length=6, top_k=4, ancestors_m=2)))
     first, second = score(model, cfg), score(model, cfg)
     assert first.metrics == second.metrics
@@ -114,3 +119,18 @@ def test_planted_induction_head_in_a_model_scores_near_one_and_the_rest_low():
     assert others.max() < 0.3
     table = head_table(model, tokens)
     assert table.sort_values("score", ascending=False).iloc[0][["layer", "head"]].tolist() == [1, 0]
+
+
+def test_the_in_distribution_probe_repeats_walks_of_held_out_automata_beside_its_chance_level():
+    cfg = SimpleNamespace(data=DATA)
+    tokens = in_distribution_sequences(cfg, 24, 8, seed=3)
+    assert tokens.shape == (24, 18) and (tokens[:, [0, 9]] == SEP).all()
+    assert torch.equal(tokens[:, 1:9], tokens[:, 10:])  # | s | s
+    walks = heldout_walks(DATA, 24, 8, np.random.default_rng([3, 6]))
+    np.testing.assert_array_equal(tokens[:, 1:9].numpy(), walks)
+    assert torch.equal(tokens, in_distribution_sequences(cfg, 24, 8, seed=3))
+    # Chance: the score of a head attending evenly to every position up to its own.
+    seq = tokens.shape[1]
+    even = (torch.ones(seq, seq).tril() / torch.arange(1, seq + 1)[:, None]).expand(1, 24, 1, seq, seq)
+    expected = induction_scores(even, tokens)
+    assert math.isclose(even_attention_score(tokens), expected.item(), rel_tol=1e-6)

@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.data.regbench import (IGNORE, N_SYMBOLS, PAD, SEP, Automaton, RegBenchConfig, RegBenchDataConfig,
-                                TrainStream, build_eval_set, canonical, heldout_set, minimise, sample_automata)
+from jobs.data.regbench import (IGNORE, N_SYMBOLS, PAD, SEP, Automaton, DataWarmupConfig, RegBenchConfig,
+                                RegBenchDataConfig, TrainStream, build_eval_set, canonical, heldout_set, minimise,
+                                sample_automata, warmup_view)
+from jobs.data.regbench import _warmup_pool
 
 SMALL = RegBenchDataConfig(name="regbench", kind="regbench", vocab_size=20, n_symbols=18, seed=7,
                            num_states=[3, 5], alphabet_size=[3, 6], transitions_per_state=[1, 3],
@@ -220,3 +222,35 @@ def test_the_longest_instance_must_fit_the_context_unless_cutting_is_declared():
     nanotron = SimpleNamespace(model=run.model, backend=SimpleNamespace(name="nanotron", trains_on_data=False))
     with pytest.raises(ConfigError, match="data.train_sequences=20: backend=nanotron trains on its own dataset"):
         FIXED.check(nanotron)
+
+
+def strings_of(row):
+    """The strings of one instance (input row), without separators and padding."""
+    text = "".join(chr(97 + int(t)) if t < N_SYMBOLS else "|" for t in row if t != PAD)
+    return [s for s in text.split("|") if s]
+
+
+def one_walk(row) -> bool:
+    """Whether every string of the instance is a prefix of its longest one (one path per automaton)."""
+    strings = strings_of(row)
+    longest = max(strings, key=len)
+    return all(longest.startswith(s) for s in strings)
+
+
+def test_a_curriculum_draws_its_first_steps_from_the_warmup_ranges_then_the_regime():
+    warmup = DataWarmupConfig(steps=3, num_states=[6, 8], alphabet_size=[8, 10], transitions_per_state=[1, 1])
+    cfg = dataclasses.replace(SMALL, warmup=warmup)
+    stream, plain = TrainStream(cfg, seed=1, batch_size=16), TrainStream(SMALL, seed=1, batch_size=16)
+    for step in range(3):  # deterministic automata: every string is a prefix of the one walk
+        inputs, _ = stream.batch(step)
+        assert all(one_walk(row) for row in inputs.numpy())
+        assert not torch.equal(inputs, plain.batch(step)[0])
+    assert not all(one_walk(row) for step in (3, 4) for row in stream.batch(step)[0].numpy())
+    for step in (3, 7):  # after the warm-up: exactly the regime's stream
+        for mine, theirs in zip(stream.batch(step), plain.batch(step)):
+            assert torch.equal(mine, theirs)
+    view = warmup_view(RegBenchConfig.parse(cfg), warmup)
+    assert (view.num_states, view.transitions_per_state, view.string_length) == ((6, 8), (1, 1), (1, 8))
+    # The warm-up pool never holds one of the regime's held-out automata.
+    _, heldout = sample_automata(SMALL)
+    assert not set(_warmup_pool(view, RegBenchConfig.parse(SMALL).automata)) & set(heldout)

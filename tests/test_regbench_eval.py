@@ -238,8 +238,10 @@ def test_curves_items_and_directions_are_consistent(eval_set):
 
     assert set(result.metrics) == set(METRICS)  # every recorded metric is declared, with its direction
     assert METRICS["regbench_l1_ref"].higher_is_better is None  # 2 x regbench_tvd: descriptive
-    assert all(METRICS[name].higher_is_better == name.endswith("_acc") for name in result.metrics
-               if name != "regbench_l1_ref")
+    assert all(METRICS[name].higher_is_better == name.endswith(("_acc", "_gain")) for name in result.metrics
+               if name not in ("regbench_l1_ref", "regbench_tvd_2strings", "regbench_tvd_6plus_strings"))
+    assert result.metrics["regbench_context_gain"] == pytest.approx(
+        result.metrics["regbench_tvd_2strings"] - result.metrics["regbench_tvd_6plus_strings"])
     tvd = METRICS["regbench_tvd"]
     assert tvd.references == ("ngram1_tvd", "ngram2_tvd", "ngram3_tvd") and tvd.claim and tvd.paper
     assert {name for name in result.metrics if METRICS[name].reference} == {

@@ -337,6 +337,33 @@ def test_headline_states_decisive_claims(decisive_store):
     assert "- **Seeds needed:** none; every confirmatory comparison has a verdict." in report
 
 
+@pytest.mark.parametrize("scores, expected", [
+    ({"dense": [0.10, 0.12, 0.60], "lidas": [0.70, 0.80, 0.20], "looped": [0.55, 0.60, 0.90]},
+     "- lidas and looped formed induction heads at tiny but dense did not (median best induction-head score over"
+     " seeds, 0.5 or more counts: dense 0.12, lidas 0.7 and looped 0.6); the mechanistic numbers of dense describe"
+     " models without induction heads."),
+    ({"dense": [0.10, 0.12, 0.60], "lidas": [0.10, 0.09, 0.2], "looped": [0.15, 0.1, 0.9]},
+     "- No family formed induction heads at tiny (median best induction-head score over seeds, 0.5 or more counts:"
+     " dense 0.12, lidas 0.1 and looped 0.15), so their mechanistic numbers describe models without induction heads."),
+    ({"dense": [0.5, 0.6, 0.7], "lidas": [0.7, 0.8, 0.2], "looped": [0.55, 0.6, 0.9]},
+     "- Every family formed induction heads at tiny (median best induction-head score over seeds, 0.5 or more"
+     " counts: dense 0.6, lidas 0.7 and looped 0.6)."),
+])
+def test_the_headline_says_whether_the_models_formed_induction_heads(tmp_path, scores, expected):
+    """One sentence on the declared mechanism (induction_max's median over seeds against 0.5), so
+    nobody reads mechanistic numbers from models that have none."""
+    root = new_store(tmp_path / "store")
+    run_ids = []
+    for family, values in scores.items():
+        for seed, score in enumerate(values):
+            run_ids.append(f"{family}-{seed}")
+            write_run(root, run_ids[-1], family, "tiny", seed,
+                      {"regbench_tvd": TVD[(family, "tiny")][seed], "induction_max": score, **NGRAMS})
+    write_sweep(root, "demo", run_ids, "2025-01-01T00:00:00", [])
+    headline = section(write_report(root, "demo").read_text(), "Headline").splitlines()
+    assert [line for line in headline if "induction heads" in line] == [expected]
+
+
 def test_how_sure_are_we(store):
     report = write_report(store, "demo").read_text()
     sure = section(report, "How sure are we")

@@ -13,6 +13,12 @@ code does (5,000), and reports a validation loss once per epoch on instances of 
 their own (``data.validation_sequences``), from which the trainer chooses the checkpoint the
 evaluations score.
 
+An optional data curriculum (``data.warmup``, null by default) draws the automata of the first
+``warmup.steps`` training steps from other generator ranges: automata with one transition per
+state make every string a prefix of one walk, so only copying from the context predicts it, and
+that makes induction heads form in small CPU models (docs/miniature.md). The warm-up pool never
+holds a held-out automaton of the regime.
+
 Instances are never cut silently: planning refuses a context shorter than the regime's
 longest instance unless the data option declares ``cut_at_context: true`` (then the last
 string is cut at the context's end, which ``regbench_easy`` does by design).
@@ -40,8 +46,30 @@ IGNORE = -100  # target id skipped by cross-entropy
 # Tags keep the random streams of the different uses apart.
 _HELDOUT_POOL, _TRAIN_POOL, _HELDOUT_STRINGS, _TRAIN_STRINGS = range(4)
 _VALIDATION_POOL, _VALIDATION_STRINGS, _TRAIN_SET, _TRAIN_ORDER = range(4, 8)
+_WARMUP_POOL = 8
 _SET_CHUNK = 500  # instances generated at a time for a fixed set (bounds memory only)
 VALIDATION_SEQUENCES = 250  # the reference code's validation split: half of its 500 test automata
+
+
+_RANGE = "[low, high] with 1 <= low <= high"
+
+
+@dataclass
+class DataWarmupConfig:
+    """data.warmup: a data curriculum. The first `steps` training steps draw their automata (as
+    many as data.train_automata, from a pool of their own) and strings from these ranges; null
+    keeps the regime's own range. Later steps are the regime itself."""
+    steps: int = setting(gt=0)
+    num_states: Optional[list[int]] = setting(None, length=2, ascending=True, ge=2,
+                                              what="[low, high] with 2 <= low <= high (no self-loops)")
+    alphabet_size: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
+    transitions_per_state: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
+    string_length: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
+
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        """The ranges it replaces, by RegBenchConfig field."""
+        return {name: tuple(value) for name in ("num_states", "alphabet_size", "transitions_per_state",
+                                                 "string_length") if (value := getattr(self, name)) is not None}
 
 
 @DATA_KINDS.register("regbench")
@@ -51,10 +79,10 @@ class RegBenchDataConfig(DataConfig):
     n_symbols: int = setting(choices=(N_SYMBOLS,))
     num_states: list[int] = setting(length=2, ascending=True, ge=2,
                                     what="[low, high] with 2 <= low <= high (no self-loops)")
-    alphabet_size: list[int] = setting(length=2, ascending=True, ge=1, what="[low, high] with 1 <= low <= high")
-    transitions_per_state: list[int] = setting(length=2, ascending=True, ge=1, what="[low, high] with 1 <= low <= high")
-    strings_per_instance: list[int] = setting(length=2, ascending=True, ge=1, what="[low, high] with 1 <= low <= high")
-    string_length: list[int] = setting(length=2, ascending=True, ge=1, what="[low, high] with 1 <= low <= high")
+    alphabet_size: list[int] = setting(length=2, ascending=True, ge=1, what=_RANGE)
+    transitions_per_state: list[int] = setting(length=2, ascending=True, ge=1, what=_RANGE)
+    strings_per_instance: list[int] = setting(length=2, ascending=True, ge=1, what=_RANGE)
+    string_length: list[int] = setting(length=2, ascending=True, ge=1, what=_RANGE)
     train_automata: int = setting(gt=0)
     heldout_automata: int = setting(gt=0)
     # Not set in conf/data/ (the defaults are here): null = a fresh instance per row (the infinite
@@ -68,6 +96,8 @@ class RegBenchDataConfig(DataConfig):
     # true: the data option declares that its instances may be longer than the context and are
     # cut at its end (regbench_easy: as many strings as fit); false: such a context is refused.
     cut_at_context: bool = setting(False)
+    # Not set in conf/data/ (conf/experiment/miniature.yaml sets it): null = no curriculum.
+    warmup: Optional[DataWarmupConfig] = setting(None)
 
     def check(self, run: Any) -> None:
         super().check(run)
@@ -86,11 +116,36 @@ class RegBenchDataConfig(DataConfig):
         require(self.train_sequences is None or run.backend.trains_on_data,
                 f"data.train_sequences={self.train_sequences}: backend={run.backend.name} trains on "
                 f"its own dataset, not on data.*; drop data.train_sequences or use backend=torch")
+        if self.warmup is not None:
+            self._check_warmup(run)
+
+    def _check_warmup(self, run: Any) -> None:
+        warmup = self.warmup
+        require(warmup.steps < run.train.steps,
+                f"data.warmup.steps={warmup.steps}: must be fewer than train.steps={run.train.steps}, "
+                f"or the regime itself is never trained on")
+        require(warmup.alphabet_size is None or warmup.alphabet_size[1] <= self.n_symbols,
+                f"data.warmup.alphabet_size={warmup.alphabet_size}: more than data.n_symbols={self.n_symbols}")
+        require(self.train_sequences is None,
+                f"data.warmup with data.train_sequences={self.train_sequences}: a curriculum draws fresh "
+                f"instances; use one of the two")
+        require(run.backend.trains_on_data,
+                f"data.warmup: backend={run.backend.name} trains on its own dataset, not on data.*; "
+                f"drop data.warmup or use backend=torch")
+        require(self.cut_at_context or longest_instance(warmup_view(RegBenchConfig.parse(self), warmup))
+                <= self.seq_len + 1,
+                f"data.warmup.string_length={warmup.string_length}: its instances are longer than "
+                f"data.seq_len={self.seq_len} + 1 and data={self.name} does not cut at the context")
 
     def train_stream(self, seed: int, batch_size: int) -> Union[TrainStream, FixedSetStream]:
         if self.train_sequences is None:
             return TrainStream(self, seed, batch_size)
         return FixedSetStream(self, seed, batch_size)
+
+
+def warmup_view(cfg: RegBenchConfig, warmup: DataWarmupConfig) -> RegBenchConfig:
+    """The generator settings of the warm-up steps: the regime's, with the warm-up's ranges."""
+    return dataclasses.replace(cfg.automata, **warmup.ranges())
 
 
 def longest_instance(data_cfg: Any) -> int:
@@ -316,8 +371,18 @@ def _instances(tables: _PoolTables, automaton: np.ndarray, cfg: RegBenchConfig,
     return tokens, states
 
 
+@lru_cache(maxsize=2)
+def _warmup_pool(warmup: RegBenchConfig, regime: RegBenchConfig) -> tuple[Automaton, ...]:
+    """The warm-up's training automata, from a stream of their own. Small automata occur in the
+    warm-up ranges and in the regime's, so the regime's held-out automata are excluded, as they
+    are from its training pool."""
+    return _sample_distinct(np.random.default_rng([warmup.seed, _WARMUP_POOL]), warmup, warmup.train_automata,
+                            frozenset(_pools(regime)[1]))
+
+
 class TrainStream:
-    """Training batches as a pure function of (data.seed, seed, step)."""
+    """Training batches as a pure function of (data.seed, seed, step); with a curriculum
+    (data.warmup), the steps before warmup.steps come from the warm-up's pool and ranges."""
 
     validation = None  # a fresh instance every row: nothing is seen twice, nothing to choose
 
@@ -325,13 +390,23 @@ class TrainStream:
         self.cfg = RegBenchConfig.parse(data_cfg)
         self.seed, self.batch_size = int(seed), int(batch_size)
         self.tables = _PoolTables(_pools(self.cfg.automata)[0])
+        warmup = getattr(data_cfg, "warmup", None)
+        self.warmup_steps = warmup.steps if warmup is not None else 0
+        self.warmup_cfg = warmup_view(self.cfg, warmup) if warmup is not None else None
+        self._warmup_tables: Optional[_PoolTables] = None  # built on first use: evaluations ask for late steps
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, targets)`` LongTensors ``[B, seq_len]``; targets are -100 where the next
         token is a separator or pad, so the model never learns to predict ``|``."""
+        cfg, tables = (self.warmup_cfg, self._warmup()) if step < self.warmup_steps else (self.cfg, self.tables)
         rng = np.random.default_rng([self.cfg.seed, _TRAIN_STRINGS, self.seed, int(step)])
-        tokens, _ = _instances(self.tables, rng.integers(self.cfg.train_automata, size=self.batch_size), self.cfg, rng)
+        tokens, _ = _instances(tables, rng.integers(cfg.train_automata, size=self.batch_size), cfg, rng)
         return inputs_and_targets(tokens)
+
+    def _warmup(self) -> _PoolTables:
+        if self._warmup_tables is None:
+            self._warmup_tables = _PoolTables(_warmup_pool(self.warmup_cfg, self.cfg.automata))
+        return self._warmup_tables
 
 
 def inputs_and_targets(tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -452,6 +527,12 @@ def build_eval_set(automata: Sequence[Automaton], data_cfg: DataSpec, n_instance
 @lru_cache(maxsize=4)
 def _heldout_set(cfg: RegBenchConfig, n_instances: int) -> EvalSet:
     return build_eval_set(_pools(cfg)[1], cfg, n_instances, np.random.default_rng([cfg.seed, _HELDOUT_STRINGS]))
+
+
+def heldout_walks(data_cfg: DataSpec, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
+    """``[n, length]`` symbols: a random walk of held-out automaton i % heldout_automata per row."""
+    pool = _pools(RegBenchConfig.parse(data_cfg).automata)[1]
+    return _PoolTables(pool).walk(np.arange(n) % len(pool), length, rng)[0]
 
 
 def heldout_set(data_cfg: DataSpec, n_instances: int) -> EvalSet:

@@ -3,7 +3,13 @@ top heads concentrate on the heads of the initial network they descend from (pap
 
 Sequences are ``|`` + s + ``|`` + s with s a random arrangement of distinct symbols: the
 vocabulary is small, so distinct tokens keep exactly one earlier occurrence per token of the
-second copy. Heads are scored per application (a looped block's head once per loop).
+second copy. This is the literature's probe (Olsson et al. 2022), and `induction_max` on it is the
+criterion for "formed induction heads": it is token-agnostic, as the circuit is, and it separates
+models with and without the circuit cleanly (docs/miniature.md). The in-distribution probe
+(`induction_id_*`) repeats a random walk of a held-out automaton instead, so symbols repeat as
+in the data; a head attending to likely successors scores on it without matching anything, so
+it is shown beside its chance level, not used as the criterion. Heads are scored per application
+(a looped block's head once per loop).
 """
 from __future__ import annotations
 
@@ -20,9 +26,9 @@ import torch
 from common.metrics import CurveSpec, MetricSpec
 from common.settings import require, setting
 from jobs.contract import JobResult, Progress
-from jobs.data.regbench import N_SYMBOLS, SEP
+from jobs.data.regbench import N_SYMBOLS, SEP, heldout_walks
 from jobs.evals import evaluation
-from jobs.interp import attention_patterns, induction_scores
+from jobs.interp import attention_patterns, induction_scores, induction_targets
 from jobs.model import Decoder
 
 if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
@@ -30,6 +36,11 @@ if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that defi
 
 _EXACT_LIMIT = 200_000  # enumerate every top-k set up to this many, else sample
 _DRAWS = 20_000
+# 2: added the in-distribution probe (induction_id_max, induction_id_chance).
+REVISION = 2
+# A family formed induction heads when the median of its seeds' induction_max reaches this: models
+# without the circuit score 0.07-0.18 here, with it 0.57-0.90 (docs/miniature.md).
+INDUCTION_FORMED = 0.5
 
 
 @dataclass
@@ -48,10 +59,14 @@ class InductionSettings:
 
 METRICS = {
     "induction_max": MetricSpec("best induction-head score", higher_is_better=True, confirmatory_for=("regbench",),
-                                claim="grown and looped models form stronger induction heads"),
+                                claim="grown and looped models form stronger induction heads",
+                                mechanism="induction heads", present_at=INDUCTION_FORMED),
     "induction_topk_mean": MetricSpec("mean score of the top induction heads", higher_is_better=True),
     "induction_mean": MetricSpec("mean induction score over all heads", higher_is_better=True),
     "induction_iter_mean_max": MetricSpec("best head's score averaged over its applications", higher_is_better=True),
+    "induction_id_max": MetricSpec("best induction-head score, in-distribution probe (repeated walks of held-out"
+                                   " automata)", higher_is_better=True),
+    "induction_id_chance": MetricSpec("in-distribution probe: the score of a head attending evenly to the past"),
     "ancestry_top_in_best": MetricSpec("top induction heads from the best ancestors (grown models)",
                                        higher_is_better=True),
     "ancestry_chance": MetricSpec("top heads from the best ancestors, by chance (grown models)"),
@@ -76,6 +91,22 @@ def repeated_sequences(n: int, length: int, seed: int) -> torch.Tensor:
     s = np.argsort(rng.random((n, N_SYMBOLS)), axis=1)[:, :length]
     sep = np.full((n, 1), SEP)
     return torch.from_numpy(np.concatenate([sep, s, sep, s], axis=1))
+
+
+def in_distribution_sequences(cfg: JobConfig, n: int, length: int, seed: int) -> torch.Tensor:
+    """[n, 2 * length + 2] token ids: ``|`` s ``|`` s, s a random walk of `length` symbols of
+    held-out automaton i (symbols repeat, as in the data)."""
+    s = heldout_walks(cfg.data, n, length, np.random.default_rng([seed, 6]))
+    sep = np.full((n, 1), SEP)
+    return torch.from_numpy(np.concatenate([sep, s, sep, s], axis=1))
+
+
+def even_attention_score(tokens: torch.Tensor) -> float:
+    """The induction score of a head that attends evenly to every position up to its own."""
+    target = induction_targets(tokens).to(torch.float64)
+    rows = target.sum(-1) > 0
+    even = target.sum(-1) / torch.arange(1, tokens.shape[1] + 1)
+    return float(even[rows].mean())
 
 
 def head_table(model: Decoder, tokens: torch.Tensor) -> pd.DataFrame:
@@ -138,6 +169,9 @@ def score(model: Decoder, cfg: JobConfig) -> JobResult:
     metrics = {"induction_max": float(table["score"].max()), "induction_topk_mean": float(top["score"].mean()),
                "induction_mean": float(table["score"].mean()),
                "induction_iter_mean_max": float(by_head.mean().max())}
+    walks = in_distribution_sequences(cfg, settings.sequences, settings.length, cfg.seed)
+    metrics |= {"induction_id_max": float(induction_scores(attention_patterns(model, walks), walks).max()),
+                "induction_id_chance": even_attention_score(walks)}
     if _grown(model):
         ancestor_head = table["ancestor"].to_numpy() * (table["head"].max() + 1) + table["head"].to_numpy()
         stat, chance, p = concentration_test(ancestor_head, top.index.to_numpy(), settings.ancestors_m, cfg.seed)
@@ -148,7 +182,8 @@ def score(model: Decoder, cfg: JobConfig) -> JobResult:
     return JobResult(metrics=metrics, curves={"induction_heads": curve}, items=items)
 
 
-@evaluation("induction", title="Induction heads", metrics=METRICS, curves=CURVES, data=("regbench",), settings=InductionSettings)
+@evaluation("induction", title="Induction heads", metrics=METRICS, curves=CURVES, data=("regbench",),
+            settings=InductionSettings, revision=REVISION)
 def induction(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the final checkpoint's heads on repeated random sequences."""
     return score(cfg.backend.load_model(cfg, run_dir), cfg)

@@ -41,7 +41,11 @@ _NGRAM_BATCH = 50  # instances per chunk of n-gram counting (bounds memory only)
 # so a store's results of an earlier revision are computed again on their checkpoints.
 # 2: regbench_tvd became the paper's metric at the reference code's positions, the ngram rows
 # its back-off estimators (the add-alpha ones moved to ngram*_add_*).
-REVISION = 2
+# 3: added regbench_tvd_2strings, regbench_tvd_6plus_strings and regbench_context_gain.
+REVISION = 3
+# Whether a model keeps improving with context (issue 23's criterion): its TVD at positions with
+# exactly FEW complete strings of the language before them against positions with MANY or more.
+FEW_STRINGS, MANY_STRINGS = 2, 6
 ESTIMATORS = {"": "", "_add": ", add-alpha"}  # metric infix -> label suffix: back-off (reference code), add-alpha
 NGRAM_NAMES = {1: "in-context unigram", 2: "in-context bigram", 3: "in-context trigram"}
 SCORES = {"tvd": ("TVD", False), "l1_ref": ("L1, reference-code convention", False), "acc": ("accuracy", True)}
@@ -68,6 +72,11 @@ METRICS = {
     # Exactly twice regbench_tvd (the true distribution has no mass on | and pad): descriptive.
     "regbench_l1_ref": MetricSpec("RegBench L1, as the reference code logs it (2 x TVD)"),
     "regbench_acc": MetricSpec("RegBench accuracy", higher_is_better=True),
+    f"regbench_tvd_{FEW_STRINGS}strings": MetricSpec(f"RegBench TVD after exactly {FEW_STRINGS} strings in context"),
+    f"regbench_tvd_{MANY_STRINGS}plus_strings": MetricSpec(f"RegBench TVD after {MANY_STRINGS} or more strings in context"),
+    "regbench_context_gain": MetricSpec(
+        f"RegBench TVD after {FEW_STRINGS} strings minus after {MANY_STRINGS}+ (how much more context helps)",
+        higher_is_better=True),
     **{f"ngram{n}{infix}_{score}": MetricSpec(NGRAM_NAMES[n] + suffix + ("" if score == "tvd" else f" ({label})"),
                                               higher_is_better=higher, reference=True)
        for n in NGRAM_ORDERS for infix, suffix in ESTIMATORS.items() for score, (label, higher) in SCORES.items()},
@@ -240,14 +249,26 @@ def _reference_scores(cfg: RegBenchConfig, n_instances: int, alpha: float) -> di
     return scores
 
 
+def context_metrics(tvd: np.ndarray, n_context: np.ndarray) -> dict[str, float]:
+    """TVD at the scored positions after exactly FEW_STRINGS complete strings and after
+    MANY_STRINGS or more, and their difference; none where a context holds fewer strings."""
+    few, many = n_context == FEW_STRINGS, n_context >= MANY_STRINGS
+    if not (few.any() and many.any()):
+        return {}
+    at_few, at_many = float(tvd[few].mean()), float(tvd[many].mean())
+    return {f"regbench_tvd_{FEW_STRINGS}strings": at_few, f"regbench_tvd_{MANY_STRINGS}plus_strings": at_many,
+            "regbench_context_gain": at_few - at_many}
+
+
 def _summaries(scores: dict[str, np.ndarray], eval_set: EvalSet) -> JobResult:
     """Pool per-position scores over the scored positions into metrics, curves over context size,
     and per-instance items."""
     valid = eval_set.scored
     weight = valid.sum(axis=1)
     metrics = {name: float(value[valid].mean()) for name, value in scores.items()}
-
     n_context = eval_set.n_context_strings[valid]
+    metrics |= context_metrics(scores["regbench_tvd"][valid], n_context)
+
     n_positions = np.bincount(n_context)
     seen = np.flatnonzero(n_positions)
     curve = {"n_context_strings": seen.tolist(), "n_positions": n_positions[seen].tolist()}
