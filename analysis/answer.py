@@ -37,7 +37,7 @@ def _together(analysis: Analysis, rows: pd.DataFrame) -> str:
 def headline_section(analysis: Analysis) -> list[str]:
     """The confirmatory comparisons: each decisive one as a claim with its numbers, the others
     grouped by what they lack (their numbers are in the claims table below)."""
-    rows = confirmatory_rows(analysis)
+    rows = _with_rule_verdicts(analysis, confirmatory_rows(analysis))
     lines = ["## Headline", ""]
     if rows.empty:
         return lines + ["No confirmatory comparison: the baseline or a second family has no finished runs"
@@ -50,7 +50,8 @@ def headline_section(analysis: Analysis) -> list[str]:
                      f" {_together(analysis, equivalent)}.")
     futile = rows[rows["verdict"] == FUTILE]
     if not futile.empty:
-        lines.append(f"- Stopped for futility: {_together(analysis, futile)}.")
+        lines.append(f"- Stopped for futility (the seeds that could decide are more than adaptive.max_seeds):"
+                     f" {_together(analysis, futile)}.")
     open_ = rows[~rows["verdict"].isin([*DECIDED, FUTILE]) & ~single]
     if not open_.empty:
         more = open_["seeds_more"].dropna()
@@ -61,6 +62,18 @@ def headline_section(analysis: Analysis) -> list[str]:
     if single.any():
         lines.append(f"- No test possible, fewer than 2 seeds: {_together(analysis, rows[single])}.")
     return lines + _reference_cautions(analysis) + mechanism_lines(analysis)
+
+
+def _with_rule_verdicts(analysis: Analysis, rows: pd.DataFrame) -> pd.DataFrame:
+    """An adaptive sweep's comparisons that its stopping rule stopped for futility (recorded in
+    sweep.yaml's last look) say so: no seeds are coming, so "no decision yet" would mislead."""
+    looks = analysis.spec.get("looks") or []
+    if not looks or rows.empty:
+        return rows
+    ruled = looks[-1].get("verdicts", {})
+    futile = [ruled.get(f"{row['family']}/{row['size']}") == FUTILE and row["metric"] == looks[-1]["rule"]["metric"]
+              for _, row in rows.iterrows()]
+    return rows.assign(verdict=rows["verdict"].where(~pd.Series(futile, index=rows.index), FUTILE))
 
 
 def mechanism_lines(analysis: Analysis) -> list[str]:

@@ -546,3 +546,18 @@ def test_the_confirmatory_family_follows_the_papers_claims_per_data_kind():
     assert confirmatory(specs, {"regbench"}) == ("regbench_tvd", "ablation_drop_f1", "induction_max")
     assert confirmatory(specs, {"arith"}) == ("gsm8k_em_strict",)
     assert all(specs[m].claim for m in confirmatory(specs, {"regbench", "arith"}))  # each a claim of the paper
+
+
+def test_an_arm_the_rule_stopped_for_futility_is_not_awaiting_seeds_in_the_headline():
+    """The adaptive rule's futile verdict (sweep.yaml's last look) replaces the fixed-sample
+    "inconclusive" of the rule's metric only, so the headline does not promise more seeds."""
+    from types import SimpleNamespace
+
+    from analysis.answer import _with_rule_verdicts
+    look = {"verdicts": {"lidas/tiny": "futile", "looped/tiny": "continue"}, "rule": {"metric": "regbench_tvd"}}
+    rows = pd.DataFrame({"family": ["lidas", "looped", "lidas"], "size": ["tiny"] * 3,
+                         "metric": ["regbench_tvd", "regbench_tvd", "induction_max"],
+                         "verdict": ["inconclusive"] * 3})
+    got = _with_rule_verdicts(SimpleNamespace(spec={"looks": [look]}), rows)
+    assert got["verdict"].tolist() == ["futile", "inconclusive", "inconclusive"]
+    assert _with_rule_verdicts(SimpleNamespace(spec={}), rows).equals(rows)
