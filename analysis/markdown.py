@@ -261,13 +261,13 @@ def _p_value_section(analysis: Analysis, section: str) -> list[str]:
         beside = [m for m in analysis.spec_of(metric).companions if m in values.columns]
         runs = values.dropna(subset=[metric]).reset_index()
         table = [[r["family"], r["size"], str(r["seed"]), *(num(r[m]) for m in beside), p_text(r[metric])]
-                 for _, r in runs.iterrows()]
+                 for _, r in runs.head(LISTED_RUNS).iterrows()]
         for (family, size), group in runs.groupby(["family", "size"]):
             fisher = stats.combine_pvalues(group[metric], method="fisher").pvalue
             table.append([family, size, f"all {len(group)} seeds (Fisher)", *(num(group[m].mean()) for m in beside),
                           p_text(fisher)])
         lines += [f"### {analysis.label(metric)}", "", *md_table(
-            ["family", "size", "seed", *(analysis.label(m) for m in beside), "p"], table), ""]
+            ["family", "size", "seed", *(analysis.label(m) for m in beside), "p"], table), *_unlisted(len(runs)), ""]
     return lines
 
 
@@ -430,8 +430,17 @@ def _failed_section(analysis: Analysis) -> list[str]:
     if runs.empty:
         return lines + ["None: every run of the sweep is done."]
     rows = [[r.run_id, text(r.family), text(r.size), text(r.seed), r.status, "" if pd.isna(r.error) else r.error]
-            for r in runs.sort_values(["status", "run_id"]).itertuples()]
-    return lines + md_table(["run", "family", "size", "seed", "status", "error"], rows)
+            for r in runs.sort_values(["status", "run_id"]).head(LISTED_RUNS).itertuples()]
+    return lines + md_table(["run", "family", "size", "seed", "status", "error"], rows) + _unlisted(len(runs))
+
+
+LISTED_RUNS = 200  # rows of one run each, at most, in a table of the report
+
+
+def _unlisted(rows: int) -> list[str]:
+    """The line under a table cut at LISTED_RUNS rows."""
+    return ([f"The first {LISTED_RUNS} of {rows} rows; results.parquet (table `runs`) has every run."]
+            if rows > LISTED_RUNS else [])
 
 
 def _how_to_read(analysis: Analysis) -> list[str]:

@@ -124,10 +124,8 @@ class Sweep:
     def _execute(self, runs: list[PlannedRun]):
         self.store.create()
         upgrade(self.store)
-        for r in runs:
-            self.store.write_config(r.run_id, r.config)
+        self.store.record_sweep(self.name, self.overrides, [r.run_id for r in runs], [r.config for r in runs])
         tracking.tag_sweep([r.config for r in runs], self.name)  # the jobs' W&B group, not in config.yaml
-        self.store.record_sweep(self.name, self.overrides, [r.run_id for r in runs])
         if self.executor.synchronous:
             self.console.print(f"sweep [bold]{self.name}[/]: {len(runs)} runs, {sum(r.cached for r in runs)} "
                                f"cached, store {self.store.root}")
@@ -248,57 +246,6 @@ def latest(store: Store) -> str:
     return max(sweeps, key=lambda s: store.read_sweep(s)["invocations"][-1]["at"])
 
 
-def status(store: Store, names: list[str], console: Console) -> int:
-    """A table per sweep of its runs' states, the cluster's queue states, and damage notes."""
-    if not names:
-        raise StoreError(f"no sweeps in {store.root} yet; run `python -m orchestrator sweep` first")
-    for name in names:
-        sweep = store.read_sweep(name)
-        table = Table(title=f"sweep {name}", title_justify="left", box=None, header_style="bold")
-        for col in ("run", "id", "status", "jobs (status x attempts)", "progress", "error"):
-            table.add_column(col)
-        counts: Counter = Counter()
-        notes: list[str] = []
-        for rid in sweep["run_ids"]:
-            state = store.read_state(rid)
-            try:
-                cfg = store.read_config(rid)
-                label = f"{cfg['family']['name']}-{cfg['model']['name']}-s{cfg['seed']}"
-            except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
-                label = "?"
-            notes += _damage_notes(store, rid, label, state)
-            counts[state["status"]] += 1
-            jobs = state.get("jobs", {})
-            attempts = "  ".join(f"{j} {s.get('status')} x{s.get('attempts', 0)}" for j, s in jobs.items()) or "-"
-            p = store.read_progress(rid) if state["status"] == "running" else {}
-            prog = f"{p.get('job')} {p.get('step')}/{p.get('total_steps')}" if p else ""
-            table.add_row(label, rid, state["status"], attempts, prog, state.get("error") or "")
-        console.print(table)
-        console.print("  ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        executor = recorded_executor(sweep)
-        for line in executor.status_lines(sweep) if executor else []:
-            console.print(line, markup=False, soft_wrap=True)
-        for note in notes:
-            console.print(f"  {note}", soft_wrap=True, markup=False)
-    return 0
-
-
-def _damage_notes(store: Store, rid: str, label: str, state: dict) -> list[str]:
-    """One line per problem of a run (and per past one that was repaired); marks the state
-    `stale` (running, claim free: its process was killed) or `corrupt` (damaged files)."""
-    notes = [f"problem {rid} {label}: {p}; the next sweep of this run moves it aside and reruns "
-             f"the run's jobs (training resumes from its newest sound checkpoint)"
-             for p in store.problems(rid)]
-    if notes:
-        state["status"] = CORRUPT
-    elif store.is_stale(rid, state):
-        for job in [state, *state.get("jobs", {}).values()]:
-            job["status"] = "stale" if job.get("status") == "running" else job.get("status")
-        notes.append(f"stale {rid} {label}: state.json says running but no process holds its "
-                     f"claim (killed); the next sweep resumes it from its last checkpoint")
-    return notes + [f"recovered {rid} {label}: {r}" for r in store.recovered(rid)]
-
-
 def cancel(store: Store, name: str, console: Console) -> int:
     """Cancel a sweep's cluster jobs; the same `sweep` command resubmits and resumes it."""
     sweep = store.read_sweep(name)
@@ -319,5 +266,5 @@ def run_one(store_root: str, run_id: str) -> int:
         raise ConfigError(f"run {run_id}: no config.yaml in {store.run_dir(run_id)}; "
                           f"was it planned by a sweep of this store?") from None
     for job in jobs_of(cfg):
-        print(f"{run_id} {job}: {execute(job, run_id, store_root, cfg)}", file=sys.stderr, flush=True)
+        print(f"{run_id} {job}: {execute(job, run_id, store_root, cfg)[0]}", file=sys.stderr, flush=True)
     return 0
