@@ -1,7 +1,7 @@
 """A sweep's report files, under <store>/sweeps/<sweep>/:
 
     results.parquet  the tidy tables (analysis/compute.py: runs, cells, comparisons); results.csv too
-    report.md        the numbers in words (analysis/markdown.py)
+    report.md        the numbers in words (analysis/markdown.py, with answer.py and certainty.py)
     report.html      report.md converted, figures embedded: one self-contained file (analysis/html.py)
     plots/           each figure (analysis/figures.py) as <name>.png and <name>.svg
 

@@ -33,7 +33,11 @@ TRAIN = Job("train", train, metrics={
     "final_layers": MetricSpec("final effective depth"),
     "wall_time_s": MetricSpec("wall time (s)"),
     "tokens_per_s": MetricSpec("training throughput (tokens/s)"),
-}, curves={"ancestors": CurveSpec("the initial layer each final layer descends from", "data")}, title="Training")
+    # With a fixed training set (data.train_sequences): the checkpoint the evaluations score.
+    "chosen_val_loss": MetricSpec("validation loss of the evaluated checkpoint (the lowest)", higher_is_better=False),
+    "chosen_step": MetricSpec("step of the evaluated checkpoint (lowest validation loss)"),
+}, curves={"ancestors": CurveSpec("the initial layer each final layer descends from", "data"),
+           "validation_loss": CurveSpec("validation loss by step (fixed training set)", "data")}, title="Training")
 
 
 def get_job(name: str) -> Job:

@@ -9,15 +9,21 @@ Under torchrun (a process group is initialised) the same loop trains with DDP: `
 is the global batch, each rank takes its rows, and the loss is scaled so that DDP's gradient
 average equals the gradient of the global batch's token mean. Rank 0 alone writes checkpoints
 and reports progress; every rank resumes from the same newest checkpoint.
+
+With a validation split (a fixed training set, jobs/data/regbench.py), rank 0 computes the
+validation loss whenever `validation.due` says (once per epoch and after the last step) and keeps
+the weights of the lowest one so far in the run tally, so every checkpoint carries the chosen
+weights with the step they come from: the evaluations score those (the torch backend's
+`load_model`), and a resume continues the choice exactly.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 import torch.distributed as dist
@@ -34,6 +40,14 @@ if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that defi
     from jobs.config import JobConfig
 
 Batches = Callable[[int], tuple[Tensor, Tensor]]
+
+
+class Validation(Protocol):
+    """A validation split: when to compute the loss on it, and its batches (inputs, targets)."""
+
+    def due(self, steps_done: int, total_steps: int) -> bool: ...
+
+    def batches(self) -> Iterable[tuple[Tensor, Tensor]]: ...
 
 
 def resolve_device(cfg: JobConfig) -> torch.device:
@@ -80,12 +94,35 @@ def restore(cfg: JobConfig, run_dir: Path, device: torch.device) -> tuple[Decode
     saved = latest_checkpoint(run_dir)
     model = build_model(cfg.family, cfg.model, saved["ancestors"] if saved else None).to(device)
     optimizer = build_optimizer(model, cfg.train)
-    run = {"step": 0, "tokens": 0, "flops": 0, "history": [], "window_losses": [], "train_time_s": 0.0}
+    run = {"step": 0, "tokens": 0, "flops": 0, "history": [], "window_losses": [], "train_time_s": 0.0,
+           "validation": [], "chosen": None}
     if saved:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        run = {key: saved[key] for key in run}
+        run = {key: saved.get(key, default) for key, default in run.items()}  # checkpoints of before validation too
     return model, optimizer, run
+
+
+@torch.no_grad()
+def validation_loss(model: Decoder, validation: Validation, device: torch.device) -> float:
+    """Token-mean cross-entropy over the split's counted targets (as the training loss)."""
+    total, count = 0.0, 0
+    for inputs, targets in validation.batches():
+        inputs, targets = inputs.to(device), targets.to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=inputs.is_cuda):
+            logits = model(inputs)
+        total += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                                 reduction="sum").item()
+        count += int((targets != -100).sum())
+    return total / max(count, 1)
+
+
+def choose(run: dict, model: Decoder, steps_done: int, loss: float) -> None:
+    """Record the validation loss after `steps_done` steps; keep the weights if it is the lowest."""
+    run["validation"].append({"step": steps_done, "val_loss": loss})
+    if run["chosen"] is None or loss < run["chosen"]["val_loss"]:
+        run["chosen"] = {"step": steps_done, "val_loss": loss, "ancestors": list(model.ancestors),
+                         "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}}
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: Tensor,
@@ -111,6 +148,7 @@ def train(
     run_dir: Path,
     batches: Batches,
     progress: Callable[[dict], None] | None = None,
+    validation: Optional[Validation] = None,
 ) -> dict:
     """Train (or resume, or just report on a finished) run; returns its metrics.
 
@@ -157,6 +195,8 @@ def train(
         run["step"], run["train_time_s"] = done, resumed_time + elapsed
         run["tokens"] += n_tokens
         run["flops"] += n_tokens * flops_per_token(cfg.model, model.depth, shape[1])
+        if validation is not None and rank == 0 and validation.due(done, total):
+            choose(run, model, done, validation_loss(model, validation, device))
         logging_now = done % train_cfg.log_every == 0 or done == total
         checkpointing = done % train_cfg.checkpoint_every == 0 or done in stage_ends
         if not (logging_now or checkpointing):
@@ -181,7 +221,12 @@ def train(
                       "tokens_per_s": (run["tokens"] - resumed_tokens) / elapsed,
                       "elapsed_s": elapsed, "eta_s": (total - done) * elapsed / (done - resumed_at)})
 
+    chosen = {} if run["chosen"] is None else {
+        "chosen_step": run["chosen"]["step"], "chosen_val_loss": run["chosen"]["val_loss"],
+        "validation": {"step": [r["step"] for r in run["validation"]],
+                       "val_loss": [r["val_loss"] for r in run["validation"]]}}
     return {
+        **chosen,
         "final_loss": final_loss(run["history"]),
         "train_flops": run["flops"],
         "train_tokens": run["tokens"],

@@ -6,7 +6,16 @@ had one schema for every component, so each config carried the sections of the f
 kinds and backends it did not use (as null, or at that schema's defaults), and the settings of
 the evaluations known then. `semantic_config` rebuilds exactly that form. An evaluation added
 since is not part of the id: its settings are recorded with its result instead (`settings_digest`,
-orchestrator/plan.py reruns it when they change), so adding an evaluation retrains nothing."""
+orchestrator/plan.py reruns it when they change), so adding an evaluation retrains nothing. The
+revision of an evaluation's metrics (`revision=` of `@evaluation`, bumped when what they mean
+changes) is recorded the same way, for every evaluation: its results of an earlier revision are
+computed again on the run's checkpoint, never mixed with the new meaning.
+
+Data settings added since format 1 are left out while they are at the value that behaves as
+format 1 did: `data.train_sequences` (and the `data.validation_sequences` that goes with it)
+while it is null, the infinite stream of format 1. `data.cut_at_context` never changes the data
+(it only decides whether planning refuses a context shorter than the longest instance; the
+generator cuts at the context's end as format 1 did), so it is never part of the id."""
 from __future__ import annotations
 
 import copy
@@ -15,13 +24,17 @@ import hashlib
 import json
 from typing import Any, Callable, Optional
 
+from jobs.evals import EVALUATIONS
+
 # Sections and keys that do not change a run's results: where it runs, how it is tracked and
 # stored, how often it checkpoints or retries, whether it is compiled (like the thread count, it
 # moves the last bits only, as nanotron's attention kernel does), and which evaluations are listed
 # (a newly listed evaluation runs on the existing run instead of retraining it).
 NON_SEMANTIC = ("cluster", "store", "resources", "tracker", "adaptive", "train.max_retries",
                 "train.checkpoint_every", "train.compile", "eval.jobs", "eval.resources",
-                "backend.nanotron.project", "backend.nanotron.attn_implementation")
+                "backend.nanotron.project", "backend.nanotron.attn_implementation", "data.cut_at_context")
+# Data settings of the training set: in the id only when not at format 1's behaviour (the stream).
+FIXED_SET_KEYS = ("train_sequences", "validation_sequences")
 
 # The form of format 1 (see the module docstring).
 FORMAT1_EVALUATIONS = ("regbench", "induction", "ablation", "gsm8k")
@@ -45,6 +58,9 @@ def semantic_config(cfg: Any) -> dict:
         for p in parents:
             node = node.get(p) or {}
         node.pop(leaf, None)
+    if out["data"].get("train_sequences") is None:
+        for key in FIXED_SET_KEYS:
+            out["data"].pop(key, None)
     for section, keys in FORMAT1_SECTIONS.items():
         for key in keys:
             out[section].setdefault(key, None)
@@ -108,12 +124,20 @@ class SeedTemplates:
 
 
 def settings_digest(cfg: Any, job: str) -> str | None:
-    """For an evaluation whose settings are not part of the run id, a digest of them (recorded
-    with its result); None for the others."""
-    if job == "train" or job in FORMAT1_EVALUATIONS:
+    """What an evaluation's result is recorded with, so that it reruns when it changes: a digest
+    of its settings where they are not part of the run id, and of its revision where that is past
+    the first. None for training and for a format-1 evaluation of its first revision (its settings
+    are in the id); an evaluation without settings digests its revision alone."""
+    if job == "train":
         return None
+    revision = EVALUATIONS[job].revision
     settings = getattr(cfg.eval, job, None)
-    return None if settings is None else _digest(dataclasses.asdict(settings))
+    recorded: dict[str, Any] = {}
+    if settings is not None and job not in FORMAT1_EVALUATIONS:
+        recorded = dataclasses.asdict(settings)
+    if revision > 1:
+        recorded = {"settings": recorded, "revision": revision} if recorded else {"revision": revision}
+    return _digest(recorded) if recorded else None
 
 
 def _digest(obj: Any) -> str:

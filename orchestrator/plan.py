@@ -68,11 +68,12 @@ def resources_text(cfg: Any) -> str:
 
 
 def done(state: dict, job: str, cfg: Any) -> bool:
-    """Whether `job` is done for this config: done, and for an evaluation with the settings it
-    has now (an evaluation whose settings are not part of the run id reruns when they change)."""
+    """Whether `job` is done for this config: done, and for an evaluation with the settings and
+    the revision it has now (recorded with its result, orchestrator/identity.py): one whose
+    settings are not part of the run id reruns when they change, and every evaluation reruns
+    when its revision changes (a result recorded without a digest is of the first revision)."""
     entry = state.get("jobs", {}).get(job, {})
-    recorded = entry.get("settings")
-    return entry.get("status") == DONE and (recorded is None or recorded == settings_digest(cfg, job))
+    return entry.get("status") == DONE and entry.get("settings") == settings_digest(cfg, job)
 
 
 def plan(configs: list[Any], store: Store) -> list[PlannedRun]:

@@ -21,7 +21,7 @@ from rich.table import Table
 from common.sweep_configs import SweepConfigs
 from orchestrator import index
 from orchestrator.executors import recorded_executor
-from orchestrator.store import CORRUPT, DONE, PENDING, RUNNING, Store, StoreError
+from orchestrator.store import CORRUPT, DONE, PENDING, RUNNING, WAITING, Store, StoreError
 
 CHECKED = 1000  # runs up to which `status` checks every run's files unless told otherwise
 LISTED = 200  # runs up to which each gets a line (here, in the live view, in the dry run)
@@ -112,13 +112,14 @@ def _checked(store: Store, ids: list[str], labels: Labels) -> tuple[list[Row], l
 
 
 def _indexed(store: Store, ids: list[str], found: index.Index, labels: Labels) -> tuple[list[Row], list[str]]:
-    """Every run as the index says; the running ones read from their files (stale or not)."""
+    """Every run as the index says; the running and waiting ones read from their files (stale
+    or not, and what they wait for)."""
     rows, notes = [], []
     for rid in ids:
         rec = found.runs.get(rid)
         if rec is None:
             rows.append(Row(rid, PENDING, {}, None))
-        elif rec["status"] == RUNNING:
+        elif rec["status"] in (RUNNING, WAITING):
             state = store.read_state(rid)
             notes += _damage_notes(store, rid, labels(rid), state)
             rows.append(_with_progress(store, _row(rid, state)))
@@ -146,6 +147,10 @@ def _damage_notes(store: Store, rid: str, label: str, state: dict) -> list[str]:
             job["status"] = STALE if job.get("status") == RUNNING else job.get("status")
         notes.append(f"stale {rid} {label}: state.json says running but no process holds its "
                      f"claim (killed); the next sweep resumes it from its last checkpoint")
+    notes += [f"waiting {rid} {label}: since {entry.get('waiting_since')} job {job} needs {entry['waiting_for']},"
+              " which the cluster cannot give now (a node was lost, or other jobs hold them); it starts when they"
+              " are free (if the sweep's driver was stopped meanwhile, rerun the sweep)"
+              for job, entry in state.get("jobs", {}).items() if entry.get("status") == WAITING]
     return notes + [f"recovered {rid} {label}: {r}" for r in store.recovered(rid)]
 
 

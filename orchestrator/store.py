@@ -58,6 +58,7 @@ from orchestrator.identity import PerSiblings
 FORMAT_VERSION = 3
 DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
     "done", "failed", "running", "pending", "interrupted", "corrupt")
+WAITING = "waiting"  # a multi-node job whose nodes the cluster cannot give now (`waiting_for` says what)
 
 
 class StoreError(RuntimeError):
@@ -407,8 +408,8 @@ def _untouched(run_id: str) -> dict:
 
 
 def run_status(job_statuses: list[str]) -> str:
-    """A run is done when all its jobs are; failed/running/interrupted win over pending."""
-    for status in (FAILED, RUNNING, INTERRUPTED):
+    """A run is done when all its jobs are; failed/running/waiting/interrupted win over pending."""
+    for status in (FAILED, RUNNING, WAITING, INTERRUPTED):
         if status in job_statuses:
             return status
     return DONE if job_statuses and all(s == DONE for s in job_statuses) else PENDING

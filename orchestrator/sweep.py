@@ -18,20 +18,19 @@ import sys
 from collections import Counter
 from typing import Any, Optional
 
-import yaml
 from rich.console import Console
-from rich.table import Table
 
 import analysis
 from common.atomic import write_json
 from common.settings import ConfigError, to_dict
+from jobs.evals import EVALUATIONS
 from jobs.flops import flop_ratio
 from orchestrator import grid, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, recorded_executor
 from orchestrator.identity import run_id
-from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_text
-from orchestrator.store import CORRUPT, FAILED, Store, StoreError
+from orchestrator.plan import PlannedRun, done, gpu_hours, jobs_of, plan, resources_text
+from orchestrator.store import DONE, FAILED, Store, StoreError
 from orchestrator.upgrade import upgrade
 from orchestrator.worker import execute
 
@@ -210,6 +209,11 @@ def report(store: Store, name: str, console: Console, tracker: Optional[tracking
         console.print(f"sweep {name}: no finished runs yet; nothing to report")
         return 1
     upgrade(store)
+    if outdated := _outdated(store, sweep["run_ids"]):
+        console.print(f"warning: sweep {name}: results of {', '.join(f'{job} ({n} runs)' for job, n in outdated.items())} "
+                      f"were recorded by an earlier revision of the evaluation or with other settings, and are "
+                      f"reported as recorded; run the sweep again (the same command) to evaluate them anew on "
+                      f"the existing checkpoints (nothing retrains)", markup=False, soft_wrap=True)
     _write_paper_flops(store, name)
     result = analysis.analyse(store.root, name)
     path = analysis.save_report(result, store.root)
@@ -219,6 +223,23 @@ def report(store: Store, name: str, console: Console, tracker: Optional[tracking
     if logged := tracking.log_sweep(store, name, result, tracker):  # never raises
         console.print(f"W&B: sweep summary logged as run {logged} under {store.root / tracking.WANDB_DIR}")
     return 0
+
+
+def _outdated(store: Store, run_ids: list[str]) -> Counter:
+    """Evaluation -> number of runs whose recorded result is not what the evaluation would record
+    now (its revision or settings changed since, orchestrator/identity.py): a sweep reruns those."""
+    counts: Counter = Counter()
+    for rid in run_ids:
+        state = store.read_state(rid)
+        try:
+            cfg = load_run_config(store.read_config(rid))
+        except Exception:  # noqa: BLE001  a config.yaml this code cannot read: not for this warning to judge
+            continue
+        for job, entry in state.get("jobs", {}).items():
+            if (entry.get("status") == DONE and job in EVALUATIONS.names() and job in cfg.eval.jobs
+                    and not done(state, job, cfg)):
+                counts[job] += 1
+    return counts
 
 
 def latest_tracker(store: Store, name: str) -> tracking.TrackerConfig:

@@ -23,10 +23,11 @@ from jobs.registry import get_job
 from orchestrator import tracking
 from orchestrator.identity import settings_digest
 from orchestrator.plan import bundle_of, done, jobs_of, processes_of, resources_of
-from orchestrator.store import DONE, Store
+from orchestrator.store import DONE, WAITING, Store, now
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DURABLE_AFTER_S = 1.0  # jobs that ran this long have their results fsync'ed
+WAITING_AFTER_S = 5.0  # a multi-node job's nodes not free after this long: its state says it waits
 
 
 def _node_id() -> Optional[str]:
@@ -141,6 +142,20 @@ def _rendezvous_point() -> dict:
     return {"master_addr": ray.util.get_node_ip_address(), "master_port": launch.free_port()}
 
 
+def _bundle_text(bundle: dict[str, float]) -> str:
+    return " ".join(f"{k}={v / 2**30:g}G" if k == "memory" else f"{k}={v:g}" for k, v in bundle.items())
+
+
+def _record_waiting(store: Store, run_id: str, job: str, cfg: Any, needs: str) -> None:
+    """Say in the run's state that the job waits for nodes the cluster cannot give now (a node
+    was lost, or others hold them), so `status` shows why it is not running rather than a stale
+    claim. Only when no other process holds the run (a driver of another sweep may be running it)."""
+    with store.claim(run_id, wait=False) as mine:
+        if mine:
+            store.update_job(run_id, job, jobs_of(cfg), status=WAITING, waiting_for=needs, waiting_since=now(),
+                             error=None)
+
+
 def execute_nodes(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
                   config_text: Optional[str] = None) -> tuple[str, dict]:
     """A multi-node job: a STRICT_SPREAD placement group of one bundle per node, one `execute`
@@ -159,6 +174,9 @@ def execute_nodes(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
     group = placement_group([dict(bundle)] * nodes, strategy="STRICT_SPREAD",
                             name=f"{run_id}:{job}")
     try:
+        ready, _ = ray.wait([group.ready()], timeout=WAITING_AFTER_S)
+        if not ready:
+            _record_waiting(Store(store_root), run_id, job, cfg, f"{nodes} nodes with {_bundle_text(bundle)} each")
         ray.get(group.ready())
         node_ids = [placement_group_table(group)["bundles_to_node_id"][i] for i in range(nodes)]
 

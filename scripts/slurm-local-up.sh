@@ -29,6 +29,10 @@ retry() {
 }
 
 # 1. Packages. A temporary policy-rc.d keeps the packages' scripts from starting services.
+# One package installation at a time on this machine (the one-node and the multi-host setups may
+# start together, from two test workers): the second waits, then finds the packages installed.
+exec 9>/tmp/.orchestrator-apt.lock
+flock -w 900 9 || die "another package installation held /tmp/.orchestrator-apt.lock for 15 min"
 missing=""
 for p in munge slurmctld slurmd slurm-client; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -44,6 +48,7 @@ if [ -n "$missing" ]; then
   [ $policy = 0 ] || rm -f /usr/sbin/policy-rc.d
   [ $rc = 0 ] || die "apt-get install$missing failed (rc=$rc)"
 fi
+exec 9>&-
 
 # 2. Configuration, rewritten only when it changes (a change restarts the daemons).
 mkdir -p "$ETC" "$LOG" "$MARK" /var/lib/slurm/slurmctld /var/lib/slurm/slurmd

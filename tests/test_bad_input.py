@@ -68,6 +68,14 @@ CASES = [
     (["sweep", "size=micro", "model.n_heads=5"], 2, "model.n_heads=5: must divide model.d_model=32"),
     (["sweep", "model.n_kv_heads=3"], 2, "model.n_kv_heads=3: must divide model.n_heads=2"),
     (["sweep", "train.max_retries=-1"], 2, "train.max_retries=-1: must be >= 0"),
+    # data: instances never cut silently (docs/experiment.md), the fixed training set
+    (["sweep", "data=regbench", "size=micro"], 2,
+     "data.seq_len=64: shorter than the longest instance of data=regbench (19 strings of up to 49 symbols, "
+     "each after a |: 950 tokens, so data.seq_len >= 949); use a size with model.max_seq_len >= 949"),
+    (["sweep", "size=micro", "data.cut_at_context=false"], 2, "data.seq_len=64: shorter than the longest instance"),
+    (["sweep", "size=micro", "data.train_sequences=0"], 2, "data.train_sequences=0: must be > 0"),
+    (["sweep", "size=360m", "backend=nanotron", "data.train_sequences=5000"], 2,
+     "data.train_sequences=5000: backend=nanotron trains on its own dataset, not on data.*"),
     # usage
     (["sweeep"], 2, "invalid choice: 'sweeep'"),
     (["status", "--store"], 2, "argument --store: expected one argument; see `python -m orchestrator status --help`"),

@@ -147,7 +147,16 @@ def test_run_ids_of_format_1_are_kept():
     cases = json.loads(FORMAT1.read_text())
     with hydra_session():
         for case in cases:
-            assert run_id(compose_run(case["overrides"])) == case["run_id"], case["overrides"]
+            overrides = case["overrides"]
+            data = case["config"]["data"]
+            if data["kind"] == "regbench" and data["name"] != "regbench_easy" \
+                    and data["strings_per_instance"][1] * (data["string_length"][1] + 1) > data["seq_len"] + 1:
+                # Format 1 cut such instances at the context's end silently; planning now refuses
+                # them unless the cut is declared, and declared, the same run is found again.
+                with pytest.raises(ConfigError, match="shorter than the longest instance"):
+                    compose_run(overrides)
+                overrides = [*overrides, "data.cut_at_context=true"]
+            assert run_id(compose_run(overrides)) == case["run_id"], overrides
             assert run_id(case["config"]) == case["run_id"]
     stored = next(c["config"] for c in cases if c["config"]["family"]["name"] == "lidas")
     assert run_id(load_run_config(stored)) == run_id(stored)
@@ -212,3 +221,34 @@ def test_typed_configs_reach_jobs_as_objects():
     assert isinstance(cfg, RunConfig)
     assert cfg.family.stages(cfg.model, cfg.train.steps)[-1].n_layers == cfg.model.n_layers
     assert cfg.eval.regbench.instances > 0 and cfg.backend.name == "torch"
+
+
+def test_the_fixed_training_set_is_part_of_the_id_the_stream_and_the_cut_flag_are_not():
+    """Data settings added since format 1 leave the ids of configs that behave as format 1 did."""
+    with hydra_session():
+        stream = compose_run(["size=micro"])
+        fixed = compose_run(["size=micro", "data.train_sequences=64"])
+        other_split = compose_run(["size=micro", "data.train_sequences=64", "data.validation_sequences=8"])
+        split_only = compose_run(["size=micro", "data.validation_sequences=8"])
+        large = compose_run(["size=360m", "data.cut_at_context=false"])
+    assert stream.data.train_sequences is None and stream.data.cut_at_context is True
+    assert len({run_id(stream), run_id(fixed), run_id(other_split)}) == 3
+    assert run_id(split_only) == run_id(stream)  # the split matters only with a fixed set
+    with hydra_session():
+        assert run_id(large) == run_id(compose_run(["size=360m"]))  # the flag never changes the data
+
+
+def test_a_revision_of_an_evaluation_is_recorded_and_reruns_it():
+    from orchestrator.identity import settings_digest
+    from orchestrator.plan import done
+
+    with hydra_session():
+        cfg = compose_run(["size=micro"])
+    digest = settings_digest(cfg, "regbench")
+    assert EVALUATIONS["regbench"].revision == 2 and digest is not None
+    assert settings_digest(cfg, "induction") is None and settings_digest(cfg, "train") is None  # revision 1
+    recorded = {"jobs": {"regbench": {"status": "done"}, "induction": {"status": "done"}, "train": {"status": "done"}}}
+    assert not done(recorded, "regbench", cfg)  # recorded by revision 1, without a digest
+    assert done(recorded, "induction", cfg) and done(recorded, "train", cfg)
+    recorded["jobs"]["regbench"]["settings"] = digest
+    assert done(recorded, "regbench", cfg)

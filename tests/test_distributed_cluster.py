@@ -89,3 +89,40 @@ def test_check_fit_counts_distinct_nodes_and_memory():
         check_fit(planned, [big, {**big, "memory": 4 * 2**30}])
     with pytest.raises(ConfigError, match="only 1 of the cluster's 1 nodes"):
         check_fit(planned, [{"CPU": 64, "GPU": 8, "memory": 2**40}])
+
+
+def test_a_two_node_job_waits_with_a_clear_state_while_a_node_is_taken(cluster, tmp_path):
+    """While another job holds a node the two-node job cannot start: its state says it waits and
+    for what (not a stale claim), `status` says so, and it trains once the node is free."""
+    import threading
+    import time
+
+    from orchestrator.sweep import status
+
+    [cfg] = configs("family=dense", "resources.nodes=2", "resources.gpus=1", "resources.cpus=1", "train.steps=6")
+    blocker = ray.util.placement_group([{"GPU": 2}], strategy="STRICT_PACK")  # one whole node's GPUs
+    ray.get(blocker.ready())
+    store = Store(tmp_path / "store")
+    seen: dict = {}
+
+    def watch() -> None:  # beside the driver, which keeps the main thread (it handles signals)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not seen:
+            for rid in store.run_ids() if store.runs.exists() else []:
+                if store.job_state(rid, "train")["status"] == "waiting":
+                    out = io.StringIO()
+                    store.record_sweep("t", [], [rid])
+                    status(store, ["t"], Console(file=out, width=300))
+                    seen.update(rid=rid, state=store.read_state(rid), status=out.getvalue())
+            time.sleep(0.5)
+        ray.util.remove_placement_group(blocker)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    outcome = run([cfg], store)
+    watcher.join()
+    rid = seen["rid"]
+    assert seen["state"]["status"] == "waiting"
+    assert seen["state"]["jobs"]["train"]["waiting_for"] == "2 nodes with CPU=1 GPU=1 memory=1G each"
+    assert "waiting 1" in seen["status"] and f"waiting {rid}" in seen["status"] and "stale" not in seen["status"]
+    assert outcome == {rid: "done"} and store.job_state(rid, "train")["attempts"] == 1

@@ -157,3 +157,66 @@ def test_a_space_too_small_for_the_pools_is_refused():
 def test_the_hashable_view_keys_the_caches():
     view = RegBenchConfig.parse(SMALL)
     assert RegBenchConfig.parse(view) is view and hash(view) == hash(RegBenchConfig.parse(copy.deepcopy(SMALL)))
+
+
+# ----------------------------------------------------------------------------- the fixed training set
+
+FIXED = dataclasses.replace(SMALL, train_sequences=20, validation_sequences=6, seq_len=200)
+
+
+def test_fixed_set_epochs_cover_every_instance_once():
+    """With data.train_sequences=N, consecutive rows go through the N instances epoch by epoch,
+    each epoch in its own order; every run seed and family trains on the same instances."""
+    stream = FIXED.train_stream(seed=0, batch_size=8)
+    rows = torch.cat([torch.cat([x, y[:, -1:]], dim=1) for x, y in (stream.batch(step) for step in range(10))])
+    assert len(rows) == 80  # four epochs of 20
+    epochs = [{tuple(r.tolist()) for r in rows[i:i + 20]} for i in range(0, 80, 20)]
+    assert all(len(epoch) == 20 for epoch in epochs) and all(epoch == epochs[0] for epoch in epochs)
+    assert not torch.equal(rows[:20], rows[20:40])  # reshuffled
+    other_seed = FIXED.train_stream(seed=1, batch_size=8)
+    seen = {tuple(torch.cat([x, y[:, -1:]], dim=1)[i].tolist()) for x, y in [other_seed.batch(0)] for i in range(8)}
+    assert seen <= epochs[0] and not torch.equal(other_seed.batch(0)[0], stream.batch(0)[0])
+    for first, second in zip(stream.batch(7), FIXED.train_stream(seed=0, batch_size=8).batch(7)):
+        assert torch.equal(first, second)  # a pure function of the step
+
+
+def test_fixed_set_instances_and_targets_as_in_the_stream():
+    inputs, targets = FIXED.train_stream(seed=3, batch_size=16).batch(2)
+    following = torch.cat([inputs[:, 1:], targets[:, -1:]], dim=1)
+    symbol = targets != IGNORE
+    assert torch.equal(targets[symbol], following[symbol]) and (inputs[:, 0] == SEP).all()
+    assert inputs.dtype == targets.dtype == torch.int64 and inputs.shape == (16, 200)
+
+
+def test_validation_split_has_automata_of_its_own_and_is_due_once_per_epoch():
+    from jobs.data.regbench import RegBenchConfig, validation_automata, validation_set
+
+    train, heldout = sample_automata(FIXED)
+    validation = validation_automata(FIXED)
+    assert len(set(validation)) == 6 and not set(validation) & (set(train) | set(heldout))
+    assert sample_automata(SMALL) == (train, heldout)  # the other pools do not change
+    tokens = validation_set(RegBenchConfig.parse(FIXED))
+    assert tokens.shape == (6, 201) and (tokens[:, 0] == SEP).all()
+    split = FIXED.train_stream(seed=0, batch_size=8).validation
+    assert sum(len(x) for x, _ in split.batches()) == 6
+    # 20 instances, 8 rows a step: passes end within steps 3, 5, 8, 10, ...; and after the last step
+    assert [step for step in range(1, 13) if split.due(step, 12)] == [3, 5, 8, 10, 12]
+    assert TrainStream(SMALL, seed=0, batch_size=8).validation is None  # the stream: nothing to choose
+
+
+def test_the_longest_instance_must_fit_the_context_unless_cutting_is_declared():
+    from types import SimpleNamespace
+
+    from common.settings import ConfigError
+    from jobs.data.regbench import longest_instance
+
+    assert longest_instance(SMALL) == 8 * 9  # 8 strings of up to 8 symbols, each after its |
+    run = SimpleNamespace(model=SimpleNamespace(vocab_size=20, max_seq_len=512),
+                          backend=SimpleNamespace(name="torch", trains_on_data=True))
+    dataclasses.replace(SMALL, seq_len=71).check(run)  # 72 tokens: inputs 71 + the last target
+    with pytest.raises(ConfigError, match=r"data.seq_len=70: shorter than the longest instance .* 72 tokens"):
+        dataclasses.replace(SMALL, seq_len=70).check(run)
+    dataclasses.replace(SMALL, seq_len=70, cut_at_context=True).check(run)
+    nanotron = SimpleNamespace(model=run.model, backend=SimpleNamespace(name="nanotron", trains_on_data=False))
+    with pytest.raises(ConfigError, match="data.train_sequences=20: backend=nanotron trains on its own dataset"):
+        FIXED.check(nanotron)

@@ -482,3 +482,40 @@ def test_sections_declared_by_the_jobs(tmp_path):
     assert [heading for heading in ("## RegBench: in-context language learning", "## Induction heads",
                                      "## Head ablation", "## Training") if f"{heading}\n" in report] == [
         "## RegBench: in-context language learning", "## Induction heads", "## Head ablation", "## Training"]
+
+
+def test_labels_for_skewed_seeds_one_sided_p_and_approximate_bootstrap(tmp_path):
+    """A cell whose seeds are strongly skewed is marked (its t-interval's coverage promise fails),
+    the hierarchical p says it is one-sided, and the BCa bootstrap says it is approximate."""
+    root = new_store(tmp_path / "store")
+    values = {"dense": [0.30, 0.31, 0.29, 0.30, 0.32, 0.28, 0.30, 0.31],
+              "lidas": [0.25, 0.25, 0.26, 0.25, 0.24, 0.25, 0.26, 0.45]}  # one seed far out
+    run_ids = []
+    for family, tvds in values.items():
+        for seed, tvd in enumerate(tvds):
+            run_ids.append(f"{family}-{seed}")
+            write_run(root, run_ids[-1], family, "tiny", seed, {"regbench_tvd": tvd, **NGRAMS})
+    write_sweep(root, "skew", run_ids, "2025-01-01T00:00:00", [])
+    analysis = analyse(root, "skew")
+    cells = analysis.cells[analysis.cells["metric"] == "regbench_tvd"].set_index("family")
+    assert bool(cells.loc["lidas", "skewed"]) and not bool(cells.loc["dense", "skewed"])
+    report = render_markdown(analysis, figures=[])
+    rows = table_rows(report, "### RegBench TVD (`regbench_tvd`, lower is better)")
+    assert rows["lidas"]["tiny"].endswith("(n=8, skewed)") and rows["dense"]["tiny"].endswith("(n=8)")
+    assert "(unreliable below 10 seeds, approximate below 20: its coverage is still under nominal there)" in report
+    hierarchical = analysis.comparisons.assign(hb_low=-0.1, hb_high=0.1, hb_p=0.2)
+    table = markdown_table(render_markdown(replace(analysis, comparisons=hierarchical), figures=[]),
+                           "**RegBench TVD against dense** (confirmatory, Holm)")
+    assert table[0]["hierarchical p (one-sided)"] == "0.2"
+
+
+def test_the_confirmatory_family_follows_the_papers_claims_per_data_kind():
+    """Declared with the evaluations: for RegBench data the TVD (headline first), the induction
+    score and the ablation drop; for arithmetic data GSM8K."""
+    from analysis.compute import confirmatory
+    from jobs.registry import TRAIN
+
+    specs = {name: spec for job in (TRAIN, *(ev for _, ev in EVALUATIONS.items())) for name, spec in job.metrics.items()}
+    assert confirmatory(specs, {"regbench"}) == ("regbench_tvd", "ablation_drop_f1", "induction_max")
+    assert confirmatory(specs, {"arith"}) == ("gsm8k_em_strict",)
+    assert all(specs[m].claim for m in confirmatory(specs, {"regbench", "arith"}))  # each a claim of the paper

@@ -221,3 +221,61 @@ def test_cancel_of_a_local_sweep_says_there_is_nothing_to_cancel(tmp_path, capsy
     assert "slurm_jobs" not in store.read_sweep("local-one")
     assert main(["cancel", "nope", "--store", str(tmp_path)]) == 1
     assert "no sweep named 'nope'" in capsys.readouterr().out
+
+
+def test_an_allocation_slurm_could_never_start_is_refused_with_the_keys_to_lower(slurm_cluster, tmp_path, capsys):
+    """As a new user tries it on this one-node Slurm (2 CPUs): the defaults ask 4 CPUs per node,
+    which sbatch would queue for ever (PartitionConfig). Refused in one line, exit 2, store untouched."""
+    store = tmp_path / "store"
+    cases = ((["cluster=slurm"], "lower cluster.cpus_per_node (asks 4, its nodes have at most 2 CPUs)"),
+             (["cluster=slurm", "cluster.cpus_per_node=1", "cluster.mem_gb=2", "cluster.nodes=2"],
+              "lower cluster.nodes (asks 2 nodes, 1 of its nodes can hold one task each)"),
+             (["cluster=slurm_array", "resources.memory_gb=4096"],
+              "lower resources.memory_gb (or eval.resources.memory_gb) (asks 4096, its nodes have at most"))
+    for overrides, words in cases:
+        code = main(["sweep", *MICRO, "family=dense,lidas", "seed=0", f"store.root={store}", *overrides])
+        out = capsys.readouterr().out
+        assert code == 2 and words in out and "Slurm would never start" in out, out
+        assert len(out.strip().splitlines()) == 1 and not store.exists()
+
+
+def test_status_says_why_a_job_pends_in_plain_words(slurm_cluster, tmp_path, capsys):
+    """A job Slurm accepted but cannot start (submitted by hand, past the pre-flight): `status`
+    shows squeue's reason as what to do."""
+    script = tmp_path / "big.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --cpus-per-task=8\n#SBATCH --time=00:01:00\n"
+                      f"#SBATCH --output={tmp_path}/%j.out\ntrue\n")
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        store = Store(tmp_path / "store")
+        store.create()
+        store.record_sweep("big", [], [])
+        store.record_slurm_job("big", {"id": job, "kind": "allocation", "cluster": "slurm", "script": str(script),
+                                       "at": "2026-01-01T00:00:00"})
+        wait_for(lambda: "PartitionConfig" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%r"],
+                                                             capture_output=True, text=True).stdout, 60, "a reason")
+        assert main(["status", "big", f"store.root={store.root}"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"allocation job {job}" in out and "PENDING (the request exceeds what the partition's nodes offer" in out
+        assert "lower the cluster.* sizes and resubmit" in out
+    finally:
+        subprocess.run(["scancel", job])
+
+
+def test_misfits_name_each_key_against_the_partition():
+    """The arithmetic behind the pre-flight line, on a made-up partition of two node kinds."""
+    from orchestrator.executors.slurm_tools import NodeGroup, Request, minutes, misfits
+
+    groups = [NodeGroup(4, 8, 60.0, 0), NodeGroup(2, 32, 250.0, 4)]
+    keys = {"nodes": "cluster.nodes", "cpus": "cluster.cpus_per_node", "mem_gb": "cluster.mem_gb",
+            "gpus": "cluster.gpus_per_node"}
+    assert misfits(Request(2, 16, 100, 4, keys), groups, None, "01:00:00") == []
+    assert misfits(Request(3, 16, 100, 4, keys), groups, None, "01:00:00") == [
+        "cluster.nodes (asks 3 nodes, 2 of its nodes can hold one task each)"]
+    assert misfits(Request(1, 64, 300, 8, keys), groups, 2880.0, "3-00:00:00") == [
+        "cluster.cpus_per_node (asks 64, its nodes have at most 32 CPUs)",
+        "cluster.mem_gb (asks 300, its nodes have at most 250 GB)",
+        "cluster.gpus_per_node (asks 8, its nodes have at most 4 GPUs)",
+        "cluster.time (asks 3-00:00:00, its limit is 2880 minutes)"]
+    assert [minutes(t) for t in ("04:00:00", "30", "10:30", "1-00:00:00", "2-12", "infinite")] == [
+        240, 30, 10.5, 1440, 3600, None]

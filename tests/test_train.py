@@ -192,3 +192,37 @@ def test_non_finite_loss_names_the_step(tmp_path):
     with pytest.raises(FloatingPointError, match=r"step 4\b"):
         train(micro_cfg("dense"), tmp_path, batches_with_a_hole)
     assert latest_checkpoint(tmp_path) is None
+
+
+class EveryFour:
+    """A validation split for these tests: scored every 4 steps and after the last."""
+
+    def due(self, steps_done: int, total_steps: int) -> bool:
+        return steps_done % 4 == 0 or steps_done == total_steps
+
+    def batches(self):
+        return [counting_batches(1000), counting_batches(1001)]
+
+
+def test_a_validation_split_chooses_the_evaluated_weights_and_resumes_exactly(tmp_path):
+    """With a validation split (data.train_sequences) the weights of the lowest validation loss are
+    kept in every checkpoint, with their step; a killed run resumes to the same choice, and
+    load_model gives those weights to the evaluations."""
+    cfg = micro_cfg("lidas")
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    metrics = train(cfg, whole, counting_batches, validation=EveryFour())
+    validation = metrics["validation"]
+    assert validation["step"] == [4, 8, 12, 16, 20, 24, 28, 30]
+    best = min(range(len(validation["step"])), key=lambda i: validation["val_loss"][i])
+    assert metrics["chosen_step"] == validation["step"][best]
+    assert metrics["chosen_val_loss"] == validation["val_loss"][best]
+    with pytest.raises(Interrupt):
+        train(cfg, resumed, counting_batches, interrupt_at(18), validation=EveryFour())
+    assert train(cfg, resumed, counting_batches, validation=EveryFour())["validation"] == validation
+    a, b = latest_checkpoint(whole)["chosen"], latest_checkpoint(resumed)["chosen"]
+    assert a["step"] == b["step"] == metrics["chosen_step"] and a["ancestors"] == b["ancestors"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    model = cfg.backend.load_model(cfg, whole)
+    assert model.ancestors == a["ancestors"]
+    assert all(torch.equal(v, a["model"][k]) for k, v in model.state_dict().items())
+    assert "chosen_step" not in train(micro_cfg("dense", steps=4), tmp_path / "stream", counting_batches)

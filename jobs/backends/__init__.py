@@ -21,6 +21,9 @@ class BackendConfig:
     # True: the backend starts torchrun itself (on every node of a multi-node job, with the
     # rendezvous); False: a multi-process job runs this backend's `train` in each torchrun rank.
     launches_ranks = False
+    # True: training reads the run's data section (data.train_stream); False: the backend trains
+    # on a dataset of its own, so data options of the training set (data.train_sequences) are refused.
+    trains_on_data = True
 
     def train(self, cfg: Any, run_dir: Path, progress: Progress,
               rendezvous: Optional[dict] = None) -> Optional[JobResult]:

@@ -25,6 +25,7 @@ class NanotronBackendConfig(BackendConfig):
     nanotron: NanotronSettings = section(NanotronSettings)
 
     launches_ranks = True  # it runs torchrun itself, once per stage
+    trains_on_data = False  # backend.nanotron.dataset, not data.*
 
     def train(self, cfg: JobConfig, run_dir: Path, progress: Progress,
               rendezvous: Optional[dict] = None) -> Optional[JobResult]:

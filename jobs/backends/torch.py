@@ -1,5 +1,6 @@
 """backend=torch: the built-in PyTorch trainer (jobs/train.py), in the Ray task for one process
-or in every rank of torchrun (DDP) for several."""
+or in every rank of torchrun (DDP) for several. Evaluations get the final weights, or, when the
+data has a validation split (data.train_sequences), the weights of the lowest validation loss."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,9 +26,12 @@ class TorchBackendConfig(BackendConfig):
     def train(self, cfg: JobConfig, run_dir: Path, progress: Progress,
               rendezvous: Optional[dict] = None) -> JobResult:
         stream = cfg.data.train_stream(cfg.seed, cfg.train.batch_size)
-        metrics = train(cfg, run_dir, stream.batch, progress)
+        metrics = train(cfg, run_dir, stream.batch, progress, validation=getattr(stream, "validation", None))
         history = pd.DataFrame(metrics.pop("history"))
-        return JobResult(metrics=metrics, curves={"ancestors": metrics.pop("ancestors")}, history=history)
+        curves = {"ancestors": metrics.pop("ancestors")}
+        if "validation" in metrics:
+            curves["validation_loss"] = metrics.pop("validation")
+        return JobResult(metrics=metrics, curves=curves, history=history)
 
     def load_model(self, cfg: JobConfig, run_dir: Path) -> Decoder:
         state = latest_checkpoint(run_dir)
@@ -35,6 +39,7 @@ class TorchBackendConfig(BackendConfig):
         if state is None or state["step"] != steps:
             found = "no checkpoint" if state is None else f"step {state['step']}"
             raise FileNotFoundError(f"{run_dir} has no final checkpoint (step {steps}); found {found}")
+        state = state.get("chosen") or state  # trained with a validation split: the weights it chose
         model = build_model(cfg.family, cfg.model, state["ancestors"])
         model.load_state_dict(state["model"])
         return model.eval()

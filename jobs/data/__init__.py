@@ -13,6 +13,10 @@ from common.settings import require, setting
 
 
 class TrainStream(Protocol):
+    """A stream may also carry `validation` (jobs/train.py's Validation: `due(steps_done,
+    total_steps)` and `batches()`), a split the trainer scores to choose the evaluated weights;
+    None or absent: the final weights are evaluated."""
+
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) LongTensors [B, seq_len]; targets -100 where not scored."""
 

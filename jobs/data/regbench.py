@@ -5,13 +5,25 @@ finite automaton (PFA); a model must infer the automaton in context to predict t
 next symbol. Automata pools depend only on ``data.seed``; training batches are a pure
 function of ``(data.seed, run seed, step)``, so every model family trained with the
 same seed sees identical data and resuming needs no stream state.
+
+Training data comes in two forms. By default (``data.train_sequences: null``) every row of
+every batch is a fresh instance (an infinite stream). With ``data.train_sequences=N`` the run
+trains on one fixed set of N instances for as many epochs as the steps need, as the reference
+code does (5,000), and reports a validation loss once per epoch on instances of automata of
+their own (``data.validation_sequences``), from which the trainer chooses the checkpoint the
+evaluations score.
+
+Instances are never cut silently: planning refuses a context shorter than the regime's
+longest instance unless the data option declares ``cut_at_context: true`` (then the last
+string is cut at the context's end, which ``regbench_easy`` does by design).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -27,6 +39,9 @@ IGNORE = -100  # target id skipped by cross-entropy
 
 # Tags keep the random streams of the different uses apart.
 _HELDOUT_POOL, _TRAIN_POOL, _HELDOUT_STRINGS, _TRAIN_STRINGS = range(4)
+_VALIDATION_POOL, _VALIDATION_STRINGS, _TRAIN_SET, _TRAIN_ORDER = range(4, 8)
+_SET_CHUNK = 500  # instances generated at a time for a fixed set (bounds memory only)
+VALIDATION_SEQUENCES = 250  # the reference code's validation split: half of its 500 test automata
 
 
 @DATA_KINDS.register("regbench")
@@ -42,6 +57,17 @@ class RegBenchDataConfig(DataConfig):
     string_length: list[int] = setting(length=2, ascending=True, ge=1, what="[low, high] with 1 <= low <= high")
     train_automata: int = setting(gt=0)
     heldout_automata: int = setting(gt=0)
+    # Not set in conf/data/ (the defaults are here): null = a fresh instance per row (the infinite
+    # stream, the default); N = one fixed set of N instances, instance i of training automaton
+    # i % train_automata, trained on for as many epochs as train.steps need (the reference: 5000).
+    train_sequences: Optional[int] = setting(None, gt=0)
+    # With a fixed set: validation instances, one per automaton of a pool disjoint from the
+    # training and held-out pools (the reference: 250); the lowest validation loss chooses the
+    # checkpoint that the evaluations score.
+    validation_sequences: int = setting(VALIDATION_SEQUENCES, gt=0)
+    # true: the data option declares that its instances may be longer than the context and are
+    # cut at its end (regbench_easy: as many strings as fit); false: such a context is refused.
+    cut_at_context: bool = setting(False)
 
     def check(self, run: Any) -> None:
         super().check(run)
@@ -49,9 +75,27 @@ class RegBenchDataConfig(DataConfig):
                 f"data.alphabet_size={self.alphabet_size}: more than data.n_symbols={self.n_symbols}")
         require(self.vocab_size == self.n_symbols + 2,
                 f"data.vocab_size={self.vocab_size}: must be n_symbols + 2 (separator and pad)")
+        strings, length = self.strings_per_instance[1], self.string_length[1]
+        longest = longest_instance(self)
+        require(self.cut_at_context or longest <= self.seq_len + 1,
+                f"data.seq_len={self.seq_len}: shorter than the longest instance of data={self.name} "
+                f"({strings} strings of up to {length} symbols, each after a |: {longest} tokens, so "
+                f"data.seq_len >= {longest - 1}); use a size with model.max_seq_len >= {longest - 1}, "
+                f"shorter instances (data.strings_per_instance, data.string_length), or "
+                f"data.cut_at_context=true to cut them at the context's end")
+        require(self.train_sequences is None or run.backend.trains_on_data,
+                f"data.train_sequences={self.train_sequences}: backend={run.backend.name} trains on "
+                f"its own dataset, not on data.*; drop data.train_sequences or use backend=torch")
 
-    def train_stream(self, seed: int, batch_size: int) -> TrainStream:
-        return TrainStream(self, seed, batch_size)
+    def train_stream(self, seed: int, batch_size: int) -> Union[TrainStream, FixedSetStream]:
+        if self.train_sequences is None:
+            return TrainStream(self, seed, batch_size)
+        return FixedSetStream(self, seed, batch_size)
+
+
+def longest_instance(data_cfg: Any) -> int:
+    """Tokens of the longest instance the ranges allow: every string after its ``|``."""
+    return data_cfg.strings_per_instance[1] * (data_cfg.string_length[1] + 1)
 
 
 @dataclass(frozen=True)
@@ -67,6 +111,8 @@ class RegBenchConfig:
     train_automata: int
     heldout_automata: int
     seq_len: int
+    train_sequences: Optional[int] = None
+    validation_sequences: int = VALIDATION_SEQUENCES
 
     @classmethod
     def parse(cls, data_cfg: DataSpec) -> RegBenchConfig:
@@ -75,7 +121,14 @@ class RegBenchConfig:
         ranges = {k: tuple(getattr(data_cfg, k)) for k in (
             "num_states", "alphabet_size", "transitions_per_state", "strings_per_instance", "string_length")}
         return cls(seed=data_cfg.seed, train_automata=data_cfg.train_automata,
-                   heldout_automata=data_cfg.heldout_automata, seq_len=data_cfg.seq_len, **ranges)
+                   heldout_automata=data_cfg.heldout_automata, seq_len=data_cfg.seq_len,
+                   train_sequences=data_cfg.train_sequences, validation_sequences=data_cfg.validation_sequences,
+                   **ranges)
+
+    @property
+    def automata(self) -> RegBenchConfig:
+        """The part that decides the automata pools and the held-out set (their cache key)."""
+        return dataclasses.replace(self, train_sequences=None, validation_sequences=VALIDATION_SEQUENCES)
 
 
 DataSpec = Union[RegBenchDataConfig, RegBenchConfig]  # what the public functions accept as data_cfg
@@ -187,8 +240,21 @@ def _pools(cfg: RegBenchConfig) -> tuple[tuple[Automaton, ...], tuple[Automaton,
 
 def sample_automata(data_cfg: DataSpec) -> tuple[list[Automaton], list[Automaton]]:
     """(train, held-out) pools of distinct automata, disjoint by canonical form, from data.seed."""
-    train, heldout = _pools(RegBenchConfig.parse(data_cfg))
+    train, heldout = _pools(RegBenchConfig.parse(data_cfg).automata)
     return list(train), list(heldout)
+
+
+@lru_cache(maxsize=4)
+def _validation_pool(cfg: RegBenchConfig) -> tuple[Automaton, ...]:
+    """One automaton per validation instance, disjoint from both other pools; drawn from its own
+    stream after them, so adding it changes neither."""
+    train, heldout = _pools(cfg.automata)
+    return _sample_distinct(np.random.default_rng([cfg.seed, _VALIDATION_POOL]), cfg,
+                            cfg.validation_sequences, frozenset(train + heldout))
+
+
+def validation_automata(data_cfg: DataSpec) -> list[Automaton]:
+    return list(_validation_pool(RegBenchConfig.parse(data_cfg)))
 
 
 # ----------------------------------------------------------------------------- instances
@@ -253,18 +319,94 @@ def _instances(tables: _PoolTables, automaton: np.ndarray, cfg: RegBenchConfig,
 class TrainStream:
     """Training batches as a pure function of (data.seed, seed, step)."""
 
+    validation = None  # a fresh instance every row: nothing is seen twice, nothing to choose
+
     def __init__(self, data_cfg: DataSpec, seed: int, batch_size: int):
         self.cfg = RegBenchConfig.parse(data_cfg)
         self.seed, self.batch_size = int(seed), int(batch_size)
-        self.tables = _PoolTables(_pools(self.cfg)[0])
+        self.tables = _PoolTables(_pools(self.cfg.automata)[0])
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, targets)`` LongTensors ``[B, seq_len]``; targets are -100 where the next
         token is a separator or pad, so the model never learns to predict ``|``."""
         rng = np.random.default_rng([self.cfg.seed, _TRAIN_STRINGS, self.seed, int(step)])
         tokens, _ = _instances(self.tables, rng.integers(self.cfg.train_automata, size=self.batch_size), self.cfg, rng)
-        targets = np.where(tokens[:, 1:] < N_SYMBOLS, tokens[:, 1:], IGNORE)
-        return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(targets)
+        return inputs_and_targets(tokens)
+
+
+def inputs_and_targets(tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Instances ``[B, seq_len + 1]`` as LongTensors ``(inputs, targets)`` ``[B, seq_len]``,
+    targets -100 where the next token is a separator or pad."""
+    tokens = tokens.astype(np.int64)
+    targets = np.where(tokens[:, 1:] < N_SYMBOLS, tokens[:, 1:], IGNORE)
+    return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(targets)
+
+
+def _fixed_instances(automata: tuple[Automaton, ...], cfg: RegBenchConfig, count: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """``count`` instances ``[count, seq_len + 1]`` (uint8), instance i of ``automata[i % len]``."""
+    tables = _PoolTables(automata)
+    chunks = [_instances(tables, np.arange(start, min(start + _SET_CHUNK, count)) % len(automata), cfg, rng)[0]
+              for start in range(0, count, _SET_CHUNK)]
+    tokens = np.concatenate(chunks).astype(np.uint8)
+    tokens.setflags(write=False)
+    return tokens
+
+
+@lru_cache(maxsize=2)
+def training_set(cfg: RegBenchConfig) -> np.ndarray:
+    """The fixed training set of ``data.train_sequences`` instances: a function of the data
+    settings only (every run seed and family trains on the same instances)."""
+    assert cfg.train_sequences is not None
+    return _fixed_instances(_pools(cfg.automata)[0], cfg, cfg.train_sequences,
+                            np.random.default_rng([cfg.seed, _TRAIN_SET]))
+
+
+@lru_cache(maxsize=2)
+def validation_set(cfg: RegBenchConfig) -> np.ndarray:
+    """The validation instances, one per validation automaton."""
+    return _fixed_instances(_validation_pool(cfg), cfg, cfg.validation_sequences,
+                            np.random.default_rng([cfg.seed, _VALIDATION_STRINGS]))
+
+
+class Validation:
+    """The validation split of a fixed training set: its batches, and when an epoch ends."""
+
+    def __init__(self, cfg: RegBenchConfig, batch_size: int):
+        self.cfg, self.batch_size = cfg, batch_size
+
+    def due(self, steps_done: int, total_steps: int) -> bool:
+        """Validate after the step that completes a pass over the training set (the reference
+        validates once per epoch), and after the last step."""
+        n, b = self.cfg.train_sequences, self.batch_size
+        return steps_done == total_steps or (steps_done * b) // n > ((steps_done - 1) * b) // n
+
+    def batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        tokens = validation_set(self.cfg)
+        return [inputs_and_targets(tokens[i:i + self.batch_size]) for i in range(0, len(tokens), self.batch_size)]
+
+
+class FixedSetStream:
+    """Batches from the fixed training set, epoch after epoch, as a pure function of (data
+    settings, seed, step): row j of step t is row (t * B + j) of the concatenated epochs, each
+    epoch a permutation of the set drawn from (data.seed, seed, epoch)."""
+
+    def __init__(self, data_cfg: DataSpec, seed: int, batch_size: int):
+        self.cfg = RegBenchConfig.parse(data_cfg)
+        self.seed, self.batch_size = int(seed), int(batch_size)
+        self.validation = Validation(self.cfg, self.batch_size)
+
+    def order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.cfg.seed, _TRAIN_ORDER, self.seed, int(epoch)]).permutation(
+            self.cfg.train_sequences)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = np.arange(int(step) * self.batch_size, (int(step) + 1) * self.batch_size)
+        epoch, index = np.divmod(rows, self.cfg.train_sequences)
+        picked = np.empty_like(rows)
+        for e in np.unique(epoch):
+            picked[epoch == e] = self.order(e)[index[epoch == e]]
+        return inputs_and_targets(training_set(self.cfg)[picked])
 
 
 @dataclass(frozen=True)
@@ -276,22 +418,32 @@ class EvalSet:
     valid: np.ndarray  # [N, T] bool: input is a symbol or separator (not pad)
     n_context_strings: np.ndarray  # [N, T] int64: complete strings before the position
     valid_next: np.ndarray  # [N, T, 18] bool: symbols the automaton allows next
+    scored: np.ndarray  # [N, T] bool: the positions the reference code scores (see build_eval_set)
 
 
 def build_eval_set(automata: Sequence[Automaton], data_cfg: DataSpec, n_instances: int,
                    rng: np.random.Generator) -> EvalSet:
-    """Instances of ``automata[i % len(automata)]`` with their exact next-symbol distributions."""
+    """Instances of ``automata[i % len(automata)]`` with their exact next-symbol distributions.
+
+    Scored positions are the reference code's (berlino/seq_icl): its instance is ``s1 | ... | sn``
+    without our opening ``|``, its input is the instance without its last token, and it scores
+    every input position against the continuation distribution of the current state, also at a
+    string's last symbol (where the next token is ``|``). Ours are therefore every position but
+    the opening ``|`` (position 0) and the instance's last token (whose next token is pad);
+    in an instance cut at the context's end, every position from 1 on."""
     tables = _PoolTables(tuple(automata))
     automaton = np.arange(n_instances) % len(automata)
     tokens, states = _instances(tables, automaton, RegBenchConfig.parse(data_cfg), rng)
     inputs, states = tokens[:, :-1], states[:, :-1]
     valid = inputs != PAD
+    scored = valid & (tokens[:, 1:] != PAD) & (np.arange(inputs.shape[1]) >= 1)
     rows = automaton[:, None] * tables.width + np.maximum(states, 0)
     valid_next = tables.allowed[rows] & valid[..., None]
     ref = (valid_next / np.maximum(valid_next.sum(axis=-1, keepdims=True), 1)).astype(np.float32)
     # Separators before the current string = complete strings seen (the opening "|" counts 0).
     n_context_strings = np.cumsum(inputs == SEP, axis=1) - 1
-    arrays = dict(inputs=inputs, ref=ref, valid=valid, n_context_strings=n_context_strings, valid_next=valid_next)
+    arrays = dict(inputs=inputs, ref=ref, valid=valid, n_context_strings=n_context_strings, valid_next=valid_next,
+                  scored=scored)
     for array in arrays.values():
         array.setflags(write=False)
     return EvalSet(**arrays)
@@ -304,4 +456,4 @@ def _heldout_set(cfg: RegBenchConfig, n_instances: int) -> EvalSet:
 
 def heldout_set(data_cfg: DataSpec, n_instances: int) -> EvalSet:
     """Deterministic from data.seed; instance i uses held-out automaton i % heldout_automata."""
-    return _heldout_set(RegBenchConfig.parse(data_cfg), int(n_instances))
+    return _heldout_set(RegBenchConfig.parse(data_cfg).automata, int(n_instances))

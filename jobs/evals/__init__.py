@@ -25,18 +25,22 @@ from jobs.resources import Resources
 @dataclass(frozen=True)
 class Evaluation(Job):
     settings: Optional[type] = None  # the dataclass of its section eval.<name>, if it has settings
+    # Bumped when what its metrics mean changes: recorded with its results (with the digest of its
+    # settings, orchestrator/identity.py), so results of an earlier revision are computed again.
+    revision: int = 1
 
 
 EVALUATIONS: Registry[Evaluation] = Registry("evaluation", "jobs.evals", "eval.jobs")
 
 
 def evaluation(name: str, *, title: str, metrics: Mapping[str, MetricSpec], curves: Mapping[str, CurveSpec] = {},
-               data: tuple[str, ...] = ("regbench",), settings: Optional[type] = None) -> Callable[[JobFn], JobFn]:
+               data: tuple[str, ...] = ("regbench",), settings: Optional[type] = None,
+               revision: int = 1) -> Callable[[JobFn], JobFn]:
     """Register an evaluation job with its report section's title, what it records, the data kinds
-    it runs on and its settings."""
+    it runs on, its settings, and the revision of its metrics' meaning."""
     def register(fn: JobFn) -> JobFn:
         EVALUATIONS.register(name)(Evaluation(name, fn, dict(metrics), dict(curves), tuple(data), title=title,
-                                              settings=settings))
+                                              settings=settings, revision=revision))
         return fn
     return register
 

@@ -11,8 +11,8 @@ replaced at every position by
   removing *any* heads of that count hurt as much).
 The controls run at the headline fraction, the mean-ablation at every fraction (the curve). The
 suite: the tasks of jobs/data/fewshot.py (token F1) plus next-symbol accuracy on held-out
-automata; each drop is clean minus ablated, averaged over tasks with equal weight. The rise in
-held-out RegBench TVD is measured alongside.
+automata (`regbench_acc`); each drop is clean minus ablated, averaged over tasks with equal weight.
+The rise in held-out RegBench TVD (`regbench_tvd`, the paper's metric) is measured alongside.
 
 Every fraction of `eval.ablation.fractions` is measured in this one job and `fraction` gives the
 headline metrics: eval settings are part of the run identity, so sweeping `eval.ablation.fraction`
@@ -158,7 +158,10 @@ def score(model: Decoder, cfg: JobConfig) -> JobResult:
     return JobResult(metrics=metrics, curves={"ablation_by_fraction": curve}, items=items)
 
 
-@evaluation("ablation", title="Head ablation", metrics=METRICS, curves=CURVES, data=("regbench",), settings=AblationSettings)
+# Revision 2: the held-out TVD is the paper's (jobs/evals/regbench.py) and the held-out accuracy
+# task is scored at the reference code's positions.
+@evaluation("ablation", title="Head ablation", metrics=METRICS, curves=CURVES, data=("regbench",), settings=AblationSettings,
+            revision=2)
 def ablation(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the final checkpoint, clean and with heads ablated."""
     return score(cfg.backend.load_model(cfg, run_dir), cfg)

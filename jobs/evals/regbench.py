@@ -1,9 +1,18 @@
 """RegBench scoring: a model's next-symbol distributions against the true PFA ones,
 next to in-context n-gram estimators as reference rows.
 
-All metrics pool positions (every valid position of every instance weighs the same),
-as the reference code does. A model that does not beat ``ngram1`` learned no in-context
-learning; ``ngram2``/``ngram3`` show what counting short contexts already achieves.
+The headline `regbench_tvd` is the paper's metric as the reference code (berlino/seq_icl)
+computes it: 1/2 L1 between the true next-symbol distribution and the model's softmax over the
+whole vocabulary (mass on ``|`` and pad counts as error), at the positions the reference code
+scores (`EvalSet.scored`: every position but the opening ``|`` and the instance's last token).
+All metrics pool those positions (every scored position of every instance weighs the same), as
+the reference code does.
+
+Reference rows: `ngram{1,2,3}_*` are the in-context n-gram estimators as the reference code
+computes them (maximum-likelihood counts over the text seen so far, with back-off to shorter
+contexts; `backoff_distributions`), `ngram{1,2,3}_add_*` the add-alpha smoothed ones. A model
+that does not beat `ngram1` learned no in-context learning; `ngram2`/`ngram3` show what
+counting short contexts already achieves.
 """
 from __future__ import annotations
 
@@ -20,7 +29,7 @@ import torch
 from common.metrics import CurveSpec, MetricSpec
 from common.settings import setting
 from jobs.contract import JobResult, Progress
-from jobs.data.regbench import N_SYMBOLS, SEP, VOCAB, DataSpec, EvalSet, RegBenchConfig, heldout_set
+from jobs.data.regbench import N_SYMBOLS, PAD, SEP, VOCAB, DataSpec, EvalSet, RegBenchConfig, heldout_set
 from jobs.evals import evaluation
 
 if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
@@ -28,16 +37,23 @@ if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that defi
 
 NGRAM_ORDERS = (1, 2, 3)
 _NGRAM_BATCH = 50  # instances per chunk of n-gram counting (bounds memory only)
-ITEM_METRICS = ("regbench_tvd", "regbench_l1_ref", "regbench_acc") + tuple(f"ngram{n}_tvd" for n in NGRAM_ORDERS)
+# Bumped when a metric's meaning changes: recorded with the results (orchestrator/identity.py),
+# so a store's results of an earlier revision are computed again on their checkpoints.
+# 2: regbench_tvd became the paper's metric at the reference code's positions, the ngram rows
+# its back-off estimators (the add-alpha ones moved to ngram*_add_*).
+REVISION = 2
+ESTIMATORS = {"": "", "_add": ", add-alpha"}  # metric infix -> label suffix: back-off (reference code), add-alpha
 NGRAM_NAMES = {1: "in-context unigram", 2: "in-context bigram", 3: "in-context trigram"}
-SCORES = {"tvd": ("TVD", False), "l1_ref": ("L1 (reference-code convention)", False), "acc": ("accuracy", True)}
+SCORES = {"tvd": ("TVD", False), "l1_ref": ("L1, reference-code convention", False), "acc": ("accuracy", True)}
+REFERENCES = tuple(f"ngram{n}_tvd" for n in NGRAM_ORDERS)
+ITEM_METRICS = ("regbench_tvd", "regbench_tvd_symbols", "regbench_acc") + REFERENCES
 
 
 @dataclass
 class RegBenchSettings:
     """eval.regbench: the held-out instances scored (one per held-out automaton, cycled)."""
     instances: int = setting(gt=0)
-    ngram_alpha: float = setting(gt=0)  # add-alpha smoothing of the in-context n-gram estimators
+    ngram_alpha: float = setting(gt=0)  # add-alpha smoothing of the ngram*_add_* reference rows
     batch_size: int = setting(gt=0)
 
 
@@ -46,39 +62,45 @@ METRICS = {
                                confirmatory_for=("regbench",),
                                claim="grown and looped models learn in context better: lower held-out TVD",
                                paper=(("lidas", 0.119), ("looped", 0.125), ("dense", 0.137)), paper_at="3B",
-                               references=tuple(f"ngram{n}_tvd" for n in NGRAM_ORDERS),
-                               below_first="it learned no in-context learning"),
-    "regbench_l1_ref": MetricSpec("RegBench L1 (reference-code convention)", higher_is_better=False),
+                               references=REFERENCES, below_first="it learned no in-context learning"),
+    "regbench_tvd_symbols": MetricSpec("RegBench TVD given the string continues (softmax over the symbols)",
+                                       higher_is_better=False),
+    # Exactly twice regbench_tvd (the true distribution has no mass on | and pad): descriptive.
+    "regbench_l1_ref": MetricSpec("RegBench L1, as the reference code logs it (2 x TVD)"),
     "regbench_acc": MetricSpec("RegBench accuracy", higher_is_better=True),
-    **{f"ngram{n}_{score}": MetricSpec(NGRAM_NAMES[n] + ("" if score == "tvd" else f" ({label})"),
-                                       higher_is_better=higher, reference=True)
-       for n in NGRAM_ORDERS for score, (label, higher) in SCORES.items()},
+    **{f"ngram{n}{infix}_{score}": MetricSpec(NGRAM_NAMES[n] + suffix + ("" if score == "tvd" else f" ({label})"),
+                                              higher_is_better=higher, reference=True)
+       for n in NGRAM_ORDERS for infix, suffix in ESTIMATORS.items() for score, (label, higher) in SCORES.items()},
 }
 CURVES = {"tvd_by_context": CurveSpec(
     "RegBench TVD by number of in-context strings", "line", x="n_context_strings",
     x_label="strings of the instance's language already in the context", y="regbench_tvd",
-    references=tuple(f"ngram{n}_tvd" for n in NGRAM_ORDERS), count="n_positions",
+    references=REFERENCES, count="n_positions",
     caption="Per family, mean over seeds with band: min-max over seeds; dashed and dotted: the in-context"
-            " n-gram estimators on the same positions; below: positions evaluated per point (few at the"
-            " right end, which is therefore noisy).")}
+            " n-gram estimators (back-off, as the reference code) on the same positions; below: positions"
+            " scored per point (few at the right end, which is therefore noisy).")}
 
 
-def position_scores(p_symbols: np.ndarray, p_vocab: np.ndarray, ref: np.ndarray,
-                    allowed: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-position scores ``[..]`` of predicted distributions.
+def position_scores(p_vocab: np.ndarray, ref: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-position scores ``[..]`` of predicted distributions ``p_vocab`` over the whole
+    vocabulary (an estimator's may sum to less than one: its missing mass counts only through
+    the symbols' terms, as in the reference code).
 
-    tvd: 1/2 L1 of the distribution given that the string continues (18 symbols);
-    l1_ref: the reference code's sum of |p - true| over the whole vocabulary (true = 0
-    at ``|`` and pad); acc: whether the vocabulary argmax is an allowed symbol, with ties
-    split evenly (expected accuracy under random tie-breaking, which matters for the
-    flat predictions of n-gram estimators on unseen contexts).
+    tvd: the paper's 1/2 L1 over the whole vocabulary (``ref`` is 0 at ``|`` and pad, so mass
+    there counts as error); l1_ref: the reference code's logged value, the L1 itself (2 x tvd);
+    acc: whether the vocabulary argmax is an allowed symbol, with ties split evenly (expected
+    accuracy under random tie-breaking, which matters for the flat predictions of n-gram
+    estimators on unseen contexts).
     """
+    l1 = np.abs(p_vocab[..., :N_SYMBOLS] - ref).sum(axis=-1) + p_vocab[..., N_SYMBOLS:].sum(axis=-1)
     is_max = p_vocab >= p_vocab.max(axis=-1, keepdims=True)
-    return {
-        "tvd": 0.5 * np.abs(p_symbols - ref).sum(axis=-1),
-        "l1_ref": np.abs(p_vocab[..., :N_SYMBOLS] - ref).sum(axis=-1) + p_vocab[..., N_SYMBOLS:].sum(axis=-1),
-        "acc": (is_max[..., :N_SYMBOLS] & allowed).sum(axis=-1) / is_max.sum(axis=-1),
-    }
+    return {"tvd": 0.5 * l1, "l1_ref": l1,
+            "acc": (is_max[..., :N_SYMBOLS] & allowed).sum(axis=-1) / is_max.sum(axis=-1)}
+
+
+def symbols_tvd(p_symbols: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """1/2 L1 of the distribution given that the string continues (the softmax over the 18 symbols)."""
+    return 0.5 * np.abs(p_symbols - ref).sum(axis=-1)
 
 
 def _context_ids(inputs: np.ndarray, width: int) -> np.ndarray:
@@ -94,45 +116,108 @@ def _context_ids(inputs: np.ndarray, width: int) -> np.ndarray:
     return ids
 
 
-def ngram_distributions(inputs: np.ndarray, order: int, alpha: float) -> np.ndarray:
-    """In-context add-alpha n-gram predictions ``[N, T, 18]``.
-
-    At position p, count the symbols that followed earlier occurrences of p's context
-    (the n-1 preceding tokens, ``|`` included) within the instance's prefix up to p.
-    Counts are exclusive cumulative sums within groups of equal (instance, context).
-    """
-    n_rows, length = inputs.shape
-    follower = np.zeros((n_rows, length, N_SYMBOLS), dtype=np.int32)
-    row, position = np.nonzero(inputs[:, 1:] < N_SYMBOLS)
-    follower[row, position, inputs[row, position + 1]] = 1
-
-    key = (np.arange(n_rows)[:, None] * VOCAB ** (order - 1) + _context_ids(inputs, order - 1)).ravel()
+def _running_counts(inputs: np.ndarray, width: int, values: np.ndarray, inclusive: bool) -> np.ndarray:
+    """For each position p, the sum of ``values`` ``[N, T, K]`` over the positions q of the same
+    instance whose context (the last ``width`` tokens of the current string, ``|``-filled) equals
+    p's, with q < p (or q <= p when ``inclusive``): cumulative sums within groups of equal
+    (instance, context), in time order."""
+    n_rows, length, k = values.shape
+    key = (np.arange(n_rows)[:, None] * VOCAB ** width + _context_ids(inputs, width)).ravel()
     by_group = np.argsort(key, kind="stable")  # stable: time order inside each group
-    sorted_follower = follower.reshape(-1, N_SYMBOLS)[by_group]
-    before = np.cumsum(sorted_follower, axis=0, dtype=np.int32) - sorted_follower
+    sorted_values = values.reshape(-1, k)[by_group]
+    running = np.cumsum(sorted_values, axis=0, dtype=np.int64)  # inclusive, across groups
     sorted_key = key[by_group]
     group_start = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
     first_of_group = np.repeat(group_start, np.diff(np.r_[group_start, len(key)]))
-    counts = np.empty_like(before)
-    counts[by_group] = before - before[first_of_group]
-    counts = counts.reshape(n_rows, length, N_SYMBOLS) + alpha
+    counts = np.empty_like(running)
+    counts[by_group] = running - (running[first_of_group] - sorted_values[first_of_group]) \
+        - (0 if inclusive else sorted_values)
+    return counts.reshape(n_rows, length, k)
+
+
+def _followers(inputs: np.ndarray) -> np.ndarray:
+    """``[N, T, 18]``: one-hot of the symbol at p + 1 (zero where the next token is ``|`` or pad)."""
+    n_rows, length = inputs.shape
+    follower = np.zeros((n_rows, length, N_SYMBOLS), dtype=np.int64)
+    row, position = np.nonzero(inputs[:, 1:] < N_SYMBOLS)
+    follower[row, position, inputs[row, position + 1]] = 1
+    return follower
+
+
+def ngram_distributions(inputs: np.ndarray, order: int, alpha: float) -> np.ndarray:
+    """In-context add-alpha n-gram predictions ``[N, T, 18]`` (the ``ngram*_add_*`` rows).
+
+    At position p, count the symbols that followed earlier occurrences of p's context
+    (the n-1 preceding tokens, ``|`` included) within the instance's prefix up to p,
+    and add ``alpha`` to each of the 18 symbols' counts.
+    """
+    counts = _running_counts(inputs, order - 1, _followers(inputs), inclusive=False) + alpha
     return counts / counts.sum(axis=-1, keepdims=True)
+
+
+def backoff_distributions(inputs: np.ndarray, order: int) -> np.ndarray:
+    """In-context n-gram predictions ``[N, T, 18]`` with back-off, as the reference code
+    (berlino/seq_icl, ngram.py) computes them: row p predicts the token after p from the text
+    up to and including p (row 0, at the opening ``|``, has seen nothing and is all zeros).
+
+    Semantics (our reading of the reference, implemented here with running counts): the text seen
+    so far is split at ``|`` into strings (the current, partial one included), each left-padded
+    with order-1 start marks; C(w) counts every k-gram w (k = 1..order) of the padded strings. The
+    vocabulary is the symbols seen so far. With h the last order-1 characters of the padded current
+    string, a symbol c with C(hc) > 0 gets C(hc) / C(h); C(h) counts h wherever it occurs, also
+    where no symbol follows it (at a string's end and at p itself), so these sum to less than one.
+    The rest goes to the other symbols of the vocabulary in proportion to the order-1 estimate with
+    context h[1:] (recursively); at order 1 a symbol's probability is its count over the symbols
+    seen. If every symbol of the vocabulary has C(hc) > 0 there is no one to give the rest to: it
+    is dropped and the row sums to less than one, as in the reference code, whose L1 then counts
+    the missing mass only through the symbols' terms.
+
+    With running counts: C(hc) is the number of earlier positions with context h followed by c;
+    C(h), for an h holding a symbol, the number of positions up to p with context h; for the
+    all-start-mark h of length m (p is a ``|``), (order - m) per string so far, as the padding
+    holds that many of them.
+    """
+    symbol = inputs < N_SYMBOLS
+    read = (inputs != PAD)[..., None]  # rows at pad (after the instance) are all zeros
+    onehot = np.zeros(inputs.shape + (N_SYMBOLS,), dtype=np.int64)
+    row, position = np.nonzero(symbol)
+    onehot[row, position, inputs[row, position]] = 1
+    seen = np.cumsum(onehot, axis=1)  # C(c): occurrences of symbol c up to p
+    vocab = seen > 0
+    probs = seen / np.maximum(seen.sum(axis=-1, keepdims=True), 1)
+    if order == 1:
+        return np.where(read, probs, 0)
+    follower = _followers(inputs)
+    ones = np.ones(inputs.shape + (1,), dtype=np.int64)
+    at_start = (inputs == SEP)[..., None]  # the context is start marks only
+    n_strings = np.cumsum(inputs == SEP, axis=1)[..., None]
+    for width in range(1, order):
+        known = _running_counts(inputs, width, follower, inclusive=False)  # C(hc)
+        occurrences = np.where(at_start, (order - width) * n_strings,
+                               _running_counts(inputs, width, ones, inclusive=True))  # C(h)
+        direct = known / np.maximum(occurrences, 1)
+        rest = 1 - direct.sum(axis=-1, keepdims=True)
+        lower = np.where(vocab & (known == 0), probs, 0)
+        norm = lower.sum(axis=-1, keepdims=True)
+        probs = np.where(known > 0, direct, rest * lower / np.where(norm > 0, norm, 1))
+    return np.where(vocab & read, probs, 0)
 
 
 def _model_scores(logits: torch.Tensor, ref: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
     logits = logits.detach().to("cpu", torch.float64)
-    scores = position_scores(torch.softmax(logits[..., :N_SYMBOLS], dim=-1).numpy(),
-                             torch.softmax(logits, dim=-1).numpy(), ref, allowed)
+    scores = position_scores(torch.softmax(logits, dim=-1).numpy(), ref, allowed)
+    scores["tvd_symbols"] = symbols_tvd(torch.softmax(logits[..., :N_SYMBOLS], dim=-1).numpy(), ref)
     return {f"regbench_{score}": value for score, value in scores.items()}
 
 
 def _ngram_scores(inputs: np.ndarray, ref: np.ndarray, allowed: np.ndarray, alpha: float) -> dict[str, np.ndarray]:
     scores = {}
     for order in NGRAM_ORDERS:
-        p_symbols = ngram_distributions(inputs, order, alpha)
-        p_vocab = np.pad(p_symbols, ((0, 0), (0, 0), (0, VOCAB - N_SYMBOLS)))  # never predicts | or pad
-        for score, value in position_scores(p_symbols, p_vocab, ref, allowed).items():
-            scores[f"ngram{order}_{score}"] = value
+        for infix, p_symbols in (("", backoff_distributions(inputs, order)),
+                                 ("_add", ngram_distributions(inputs, order, alpha))):
+            p_vocab = np.pad(p_symbols, ((0, 0), (0, 0), (0, VOCAB - N_SYMBOLS)))  # never predicts | or pad
+            for score, value in position_scores(p_vocab, ref, allowed).items():
+                scores[f"ngram{order}{infix}_{score}"] = value
     return scores
 
 
@@ -156,8 +241,9 @@ def _reference_scores(cfg: RegBenchConfig, n_instances: int, alpha: float) -> di
 
 
 def _summaries(scores: dict[str, np.ndarray], eval_set: EvalSet) -> JobResult:
-    """Pool per-position scores into metrics, curves over context size, and per-instance items."""
-    valid = eval_set.valid
+    """Pool per-position scores over the scored positions into metrics, curves over context size,
+    and per-instance items."""
+    valid = eval_set.scored
     weight = valid.sum(axis=1)
     metrics = {name: float(value[valid].mean()) for name, value in scores.items()}
 
@@ -187,13 +273,14 @@ def evaluate(data_cfg: DataSpec, settings: RegBenchSettings,
     with torch.no_grad():
         scores = _scores_in_batches(eval_set, batch_size, lambda inputs, ref, allowed: _model_scores(
             logits_fn(torch.from_numpy(inputs.copy())), ref, allowed))
-    scores |= _reference_scores(cfg, n_instances, settings.ngram_alpha)
+    scores |= _reference_scores(cfg.automata, n_instances, settings.ngram_alpha)
     return _summaries(scores, eval_set)
 
 
-@evaluation("regbench", title="RegBench: in-context language learning", metrics=METRICS, curves=CURVES, data=("regbench",), settings=RegBenchSettings)
+@evaluation("regbench", title="RegBench: in-context language learning", metrics=METRICS, curves=CURVES,
+            data=("regbench",), settings=RegBenchSettings, revision=REVISION)
 def regbench(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
-    """The registered job: the run's final checkpoint on the held-out automata."""
+    """The registered job: the run's evaluated checkpoint (backend.load_model) on the held-out automata."""
     model = cfg.backend.load_model(cfg, run_dir)
     device = next(model.parameters()).device
     return evaluate(cfg.data, cfg.eval.regbench, lambda inputs: model(inputs.to(device)))

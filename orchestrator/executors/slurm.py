@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from common.settings import setting
 from orchestrator.executors import CLUSTERS
-from orchestrator.executors.slurm_tools import SlurmCommon, SlurmExecutor, header, prologue, quoted, slurm_dir
+from orchestrator.executors.slurm_tools import (Request, SlurmCommon, SlurmExecutor, header, prologue, quoted,
+                                                slurm_dir)
 from orchestrator.plan import PlannedRun, check_fit
 from orchestrator.store import Store
 
@@ -38,6 +39,12 @@ class SlurmAllocationExecutor(SlurmExecutor):
 
     def scripts(self, runs: list[PlannedRun], name: str, overrides: list[str], store: Store) -> dict[str, str]:
         return {"allocation": self.render(name, overrides, store)}
+
+    def request(self, runs: list[PlannedRun]) -> Request:
+        c = self.config
+        return Request(c.nodes, c.cpus_per_node, c.mem_gb, c.gpus_per_node,
+                       {"nodes": "cluster.nodes", "cpus": "cluster.cpus_per_node", "mem_gb": "cluster.mem_gb",
+                        "gpus": "cluster.gpus_per_node"})
 
     def render(self, name: str, overrides: list[str], store: Store) -> str:
         """Ray head on the first node, workers on the others, the driver on the head.

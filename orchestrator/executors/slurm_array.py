@@ -12,7 +12,8 @@ from rich.console import Console
 
 from common.settings import require
 from orchestrator.executors import CLUSTERS, Outcome
-from orchestrator.executors.slurm_tools import SlurmCommon, SlurmExecutor, header, prologue, quoted, slurm_dir
+from orchestrator.executors.slurm_tools import (Request, SlurmCommon, SlurmExecutor, header, prologue, quoted,
+                                                slurm_dir)
 from orchestrator.identity import SeedTemplates
 from orchestrator.plan import PlannedRun, jobs_of, resources_of
 from orchestrator.store import Store, config_yaml
@@ -60,6 +61,12 @@ class SlurmArrayExecutor(SlurmExecutor):
             "",
         ])
         return {"array": array, "report": report}
+
+    def request(self, runs: list[PlannedRun]) -> Request:
+        cpus, mem, gpus = task_resources([r.config for r in runs if r.todo] or [r.config for r in runs])
+        return Request(1, cpus, mem, gpus, {"nodes": "resources.nodes", "cpus": "resources.cpus (or eval.resources.cpus)",
+                                            "mem_gb": "resources.memory_gb (or eval.resources.memory_gb)",
+                                            "gpus": "resources.gpus (or eval.resources.gpus)"})
 
 
 @CLUSTERS.register("slurm_array")

@@ -10,6 +10,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -102,15 +103,31 @@ def sbatch(script: Path, *options: str) -> str:
     return out.split(";", 1)[0]
 
 
+# squeue's pending reasons that need the user, in plain words with the fix; others are shown as
+# Slurm gives them (Priority, Resources, Dependency: the queue at work).
+PENDING_REASONS = {
+    "PartitionConfig": "the request exceeds what the partition's nodes offer (nodes, CPUs, memory or GPUs per "
+                       "node), so it can never start: cancel, lower the cluster.* sizes and resubmit",
+    "PartitionTimeLimit": "cluster.time exceeds the partition's time limit: cancel, lower cluster.time and resubmit",
+    "PartitionNodeLimit": "more nodes than the partition allows: cancel, lower cluster.nodes and resubmit",
+    "ReqNodeNotAvail": "a node it needs is down, drained or reserved; it starts when the node is back",
+    "DependencyNeverSatisfied": "the job it depends on failed, so it never starts: cancel and resubmit the sweep",
+    "InvalidAccount": "cluster.account is not valid here: cancel, fix cluster.account and resubmit",
+    "InvalidQOS": "cluster.qos is not valid here: cancel, fix cluster.qos and resubmit",
+}
+
+
 def states(job_ids: list[str]) -> dict[str, str]:
-    """Job (or array task) id -> Slurm state, from squeue, with sacct for jobs squeue forgot."""
+    """Job (or array task) id -> Slurm state (with the pending reason, in plain words where the user
+    must act), from squeue, with sacct for jobs squeue forgot."""
     if not job_ids:
         return {}
     found: dict[str, str] = {}
-    q = _slurm("squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i %T", check=False)
+    q = _slurm("squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%r", check=False)
     for line in q.stdout.splitlines():
-        jid, _, state = line.partition(" ")
-        found[jid] = state.strip()
+        jid, state, reason = (line.split("|") + ["", ""])[:3]
+        why = PENDING_REASONS.get(reason.strip(), reason.strip())
+        found[jid] = state.strip() + (f" ({why})" if state.strip() == "PENDING" and why not in ("", "None") else "")
     missing = [j for j in job_ids if not any(k.split("_")[0] == j for k in found)]
     if missing and shutil.which("sacct"):
         a = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(missing), "-o", "JobID,State"],
@@ -144,6 +161,86 @@ def recorded_jobs(sweep: dict) -> list[dict]:
     return sweep.get("slurm_jobs", [])
 
 
+# ---- pre-flight: what Slurm would accept but never start -----------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    """What a Slurm job asks of each of its nodes, and the config key behind each number."""
+    nodes: int
+    cpus: int
+    mem_gb: float
+    gpus: int
+    keys: dict[str, str]  # nodes / cpus / mem_gb / gpus -> the key a user lowers
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """One line of `sinfo` for a partition: `count` nodes alike."""
+    count: int
+    cpus: int
+    mem_gb: float
+    gpus: int
+
+
+def _gpus(gres: str) -> int:
+    """GPUs per node in sinfo's %G ("gpu:4", "gpu:a100:4(S:0-1)", "(null)")."""
+    counts = [part.split("(")[0].rsplit(":", 1)[-1] for part in gres.split(",") if part.startswith("gpu")]
+    return sum(int(c) for c in counts if c.isdigit())
+
+
+def minutes(limit: str) -> Optional[float]:
+    """Slurm's time syntax ([D-]HH:MM:SS, MM:SS, MM, D-HH[:MM]) in minutes; None for no limit."""
+    if limit in ("infinite", "UNLIMITED", "", "n/a"):
+        return None
+    days, _, clock = limit.rpartition("-")
+    parts = [float(p) for p in clock.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        h, m, sec = (parts + [0.0, 0.0])[:3]
+    elif len(parts) == 3:  # HH:MM:SS
+        h, m, sec = parts
+    elif len(parts) == 2:  # MM:SS
+        h, m, sec = 0.0, parts[0], parts[1]
+    else:  # MM
+        h, m, sec = 0.0, parts[0], 0.0
+    return float(days or 0) * 1440 + h * 60 + m + sec / 60
+
+
+def partition(name: Optional[str]) -> tuple[str, list[NodeGroup], Optional[float]]:
+    """The partition's name (the default one when `name` is None), its node groups and its time
+    limit in minutes, from sinfo."""
+    rows = [line.split("|") for line in _slurm("sinfo", "-h", "-o", "%P|%D|%c|%m|%G|%l").stdout.splitlines()]
+    mine = [r for r in rows if (r[0].rstrip("*") == name if name else r[0].endswith("*"))]
+    groups = [NodeGroup(int(r[1]), int(r[2].rstrip("+")), float(r[3].rstrip("+")) / 1024, _gpus(r[4])) for r in mine]
+    return (mine[0][0].rstrip("*") if mine else name or "default"), groups, (minutes(mine[0][5]) if mine else None)
+
+
+def misfits(request: Request, groups: list[NodeGroup], limit: Optional[float], time: str) -> list[str]:
+    """Each key to lower, with what it asks and what the partition offers."""
+    if not groups:
+        return []
+    fixes = [f"{request.keys[field]} (asks {getattr(request, field):g}, its nodes have at most {most:g} {unit})"
+             for field, unit in (("cpus", "CPUs"), ("mem_gb", "GB"), ("gpus", "GPUs"))
+             if getattr(request, field) > (most := max(getattr(g, field) for g in groups))]
+    fitting = sum(g.count for g in groups
+                  if g.cpus >= request.cpus and g.mem_gb >= request.mem_gb and g.gpus >= request.gpus)
+    if not fixes and request.nodes > fitting:
+        fixes.append(f"{request.keys['nodes']} (asks {request.nodes} nodes, {fitting} of its nodes can hold"
+                     " one task each)")
+    if limit is not None and (minutes(time) or 0) > limit:
+        fixes.append(f"cluster.time (asks {time}, its limit is {limit:g} minutes)")
+    return fixes
+
+
+def test_only(text: str) -> Optional[str]:
+    """sbatch --test-only on a script: None if Slurm could start it, else its refusal (one line).
+    Nothing is queued."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sbatch") as script:
+        script.write(text)
+        script.flush()
+        proc = _slurm("sbatch", "--test-only", script.name, check=False)
+    return None if proc.returncode == 0 else " ".join((proc.stderr or proc.stdout).split())
+
+
 class SlurmExecutor(Executor):
     """Submits scripts (`scripts`) and records their job ids in the sweep; the runs finish in
     Slurm, and `status` follows them."""
@@ -155,6 +252,24 @@ class SlurmExecutor(Executor):
         """label -> script text, submitted in order (a "report" script after the others)."""
         raise NotImplementedError
 
+    def request(self, runs: list[PlannedRun]) -> Request:
+        """What the main job asks of each node, with the keys behind it."""
+        raise NotImplementedError
+
+    def preflight(self, runs: list[PlannedRun], name: str, store: Store) -> None:
+        """Refuse what sbatch would queue but Slurm could never start (pending for ever with reason
+        PartitionConfig): each script through `sbatch --test-only`, and on a refusal the keys to
+        lower, from what the partition's nodes offer (sinfo)."""
+        for label, text in self.scripts(runs, name, [], store).items():
+            refusal = test_only(text)
+            if refusal is None:
+                continue
+            part, groups, limit = partition(self.config.partition)
+            fixes = misfits(self.request(runs), groups, limit, self.config.time) if label != "report" else []
+            raise ConfigError(f"cluster={self.config.name}: Slurm would never start the sweep's {label} job on"
+                              f" partition {part}" + (f"; lower {'; '.join(fixes)}" if fixes else "")
+                              + f" (sbatch --test-only: {refusal})")
+
     def check(self, runs: list[PlannedRun], name: str, store: Store) -> None:
         """Refuse, before anything is written, what Slurm could never run, and a second
         submission while the sweep's previous one is still queued or running."""
@@ -165,6 +280,8 @@ class SlurmExecutor(Executor):
         if busy := active(previous):
             raise RuntimeError(f"sweep {name} already has Slurm job(s) {', '.join(busy)} queued or "
                                f"running; wait for them or `python -m orchestrator cancel {name}`")
+        if any(r.todo for r in runs):
+            self.preflight(runs, name, store)
 
     def describe(self, runs: list[PlannedRun], name: str, overrides: list[str], store: Store,
                  console: Console) -> None:

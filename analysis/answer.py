@@ -1,0 +1,147 @@
+"""The report's first screen: the headline (the confirmatory comparisons, decisive ones as claims,
+the rest grouped by what they lack) and the paper's claims that the sweep measured, each with the
+sweep's verdict beside the paper's single-seed figure. The claims come from the metric specs
+(`claim`, `paper`, `paper_at`), so this module names no metric."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pandas as pd
+from scipy import stats
+
+from analysis.compute import Analysis, confirmatory_rows, in_report_order, metrics, not_beating_references, seed_means
+from analysis.sequential import FUTILE
+from analysis.stats import BETTER, DECIDED, EQUIVALENT_VERDICTS, WORSE
+from analysis.text import (CORRECTION_LABELS, difference, listed, margins, md_table, num, p_text, seeds, seeds_text,
+                           signed, where)
+from common.metrics import MetricSpec
+
+
+def _headline(row: pd.Series, analysis: Analysis) -> str:
+    """A decisive confirmatory comparison as a claim, with its numbers."""
+    what = f"{analysis.label(row['metric'])} at {where(row, analysis.keys)}"
+    numbers = f"{difference(row)}, {seeds(row)}, Holm p = {p_text(row['p_adj'])}"
+    verb = "beats" if row["verdict"] == BETTER else "is worse than"
+    return f"{row['family']} {verb} {row['baseline']} on {what}: {numbers}."
+
+
+def _together(analysis: Analysis, rows: pd.DataFrame) -> str:
+    """Comparisons named briefly, families joined per metric and place: "lidas and looped on
+    RegBench TVD at tiny; lidas on ..."."""
+    groups = rows.assign(at=[where(row, analysis.keys) for _, row in rows.iterrows()])
+    return "; ".join(f"{listed(list(group['family']))} on {analysis.label(metric)} at {at}"
+                     for (metric, at), group in groups.groupby(["metric", "at"], sort=False))
+
+
+def headline_section(analysis: Analysis) -> list[str]:
+    """The confirmatory comparisons: each decisive one as a claim with its numbers, the others
+    grouped by what they lack (their numbers are in the claims table below)."""
+    rows = confirmatory_rows(analysis)
+    lines = ["## Headline", ""]
+    if rows.empty:
+        return lines + ["No confirmatory comparison: the baseline or a second family has no finished runs"
+                        f" of {', '.join(analysis.options.primary_metrics)}."]
+    baseline, single = analysis.options.baseline, rows["single_seed"].astype(bool)
+    lines += [f"- {_headline(row, analysis)}" for _, row in rows[rows["verdict"].isin([BETTER, WORSE])].iterrows()]
+    equivalent = rows[rows["verdict"].isin(EQUIVALENT_VERDICTS)]
+    if not equivalent.empty:
+        lines.append(f"- Equivalent to {baseline} within the margin ({margins(analysis.options.delta_min)}):"
+                     f" {_together(analysis, equivalent)}.")
+    futile = rows[rows["verdict"] == FUTILE]
+    if not futile.empty:
+        lines.append(f"- Stopped for futility: {_together(analysis, futile)}.")
+    open_ = rows[~rows["verdict"].isin([*DECIDED, FUTILE]) & ~single]
+    if not open_.empty:
+        more = open_["seeds_more"].dropna()
+        more = more[more > 0]  # 0: the seeds at hand would already have the power
+        counts = list(dict.fromkeys(seeds_text(int(n)) for n in (more.min(), more.max()))) if len(more) else []
+        plan = f" (about {' to '.join(counts)} more seeds would give 80% power at the margin)" if counts else ""
+        lines.append(f"- No decision yet: {_together(analysis, open_)}{plan}.")
+    if single.any():
+        lines.append(f"- No test possible, fewer than 2 seeds: {_together(analysis, rows[single])}.")
+    return lines + _reference_cautions(analysis)
+
+
+def _reference_cautions(analysis: Analysis) -> list[str]:
+    """Confirmatory metrics on which a model does not beat its first reference estimator: there
+    its comparisons say nothing about the claim."""
+    failing = pd.DataFrame(sorted(not_beating_references(analysis)), columns=["metric", "family", "at"])
+    failing = failing[failing["metric"].isin(analysis.options.primary_metrics)]
+    return [f"- Caution: {listed(list(group['family']))} at {at} {'does' if len(group) == 1 else 'do'} not beat the"
+            f" {analysis.label(analysis.spec_of(metric).references[0])} estimator on {analysis.label(metric)},"
+            " so comparisons on it are meaningless there."
+            for (metric, at), group in failing.groupby(["metric", "at"], sort=True)]
+
+
+def _paper_text(spec: MetricSpec, family: str, baseline: str) -> str:
+    """The paper's single-seed figure beside a comparison: both families' values and their
+    difference, or what the paper reports for the family alone."""
+    at = f" ({spec.paper_at})" if spec.paper_at else ""
+    mine, theirs = spec.paper_value(family), spec.paper_value(baseline)
+    if mine is None:
+        return "not reported"
+    if spec.cost:
+        return f"{mine:.0%} fewer{at}"
+    if theirs is None or spec.p_value:
+        return f"{num(mine)}{at}"
+    return f"{num(mine)} vs {num(theirs)}, {signed(mine - theirs)}{at}"
+
+
+def _compared_claim_rows(analysis: Analysis, metric: str) -> list[list[str]]:
+    spec = analysis.spec_of(metric)
+    rows = in_report_order(analysis, analysis.comparisons[analysis.comparisons["metric"] == metric])
+    return [[f"{row['family']} vs {row['baseline']}, {where(row, analysis.keys)}",
+             f"{row['verdict']} ({CORRECTION_LABELS[row['correction']]} p = {p_text(row['p_adj'])})",
+             f"{difference(row)}, {seeds(row)}", _paper_text(spec, row["family"], row["baseline"])]
+            for _, row in rows.iterrows()]
+
+
+def _cost_claim_rows(analysis: Analysis, metric: str) -> list[list[str]]:
+    """A cost is counted, not sampled: the saving of each family against the baseline is exact."""
+    spec, baseline = analysis.spec_of(metric), analysis.options.baseline
+    table = seed_means(analysis, [metric])
+    base = table[table["family"] == baseline].set_index("size")[metric]
+    return [[f"{r['family']} vs {baseline}, {r['size']}", "exact (counted from the stage schedule)",
+             f"{1 - r[metric] / base[r['size']]:.1%} fewer", _paper_text(spec, r["family"], baseline)]
+            for _, r in table.iterrows() if r["family"] != baseline and r["size"] in base.index]
+
+
+def _p_value_claim_rows(analysis: Analysis, metric: str) -> list[list[str]]:
+    """A per-run p-value claim: the seeds' p-values combined by Fisher's method, beside the mean of
+    the statistic and of its chance value (the declared companions)."""
+    spec, alpha = analysis.spec_of(metric), analysis.options.alpha
+    values = analysis.values.pivot_table(index=["family", "size", "seed"], columns="metric", values="value")
+    beside = [m for m in spec.companions[:2] if m in values.columns]
+    rows = []
+    for (family, size), group in values.dropna(subset=[metric]).groupby(["family", "size"]):
+        p = stats.combine_pvalues(group[metric], method="fisher").pvalue
+        shown = " vs ".join(num(group[m].mean()) for m in beside) + (" by chance" if len(beside) == 2 else "")
+        rows.append([f"{family}, {size}", f"{'shown' if p < alpha else 'not shown'} (Fisher p = {p_text(p)})",
+                     f"{shown}, {seeds_text(len(group))} seeds", _paper_text(spec, family, analysis.options.baseline)])
+    return rows
+
+
+def claims_section(analysis: Analysis) -> list[str]:
+    """Each claim of the paper that the sweep measured: the sweep's verdict with its interval, and
+    the paper's single-seed number beside it. The claims are declared with the metrics."""
+    table: list[list[str]] = []
+    for metric in sorted(analysis.metric_specs, key=_metric_rank(analysis)):
+        spec = analysis.spec_of(metric)
+        if not spec.claim or metric not in set(analysis.values["metric"]):
+            continue
+        rows = (_cost_claim_rows(analysis, metric) if spec.cost
+                else _p_value_claim_rows(analysis, metric) if spec.p_value
+                else _compared_claim_rows(analysis, metric))
+        table += [[f"{spec.claim} ({spec.label})" if i == 0 else "", *row] for i, row in enumerate(rows)]
+    lines = ["## Claims of the paper", ""]
+    if not table:
+        return lines + ["None of the paper's claims was measured: no finished run recorded a metric that declares one."]
+    return lines + [f"The sweep's verdict on each claim it measured ({1 - analysis.options.alpha:.0%} intervals,"
+                    " differences as candidate minus baseline) beside the paper's single-seed figure.", "",
+                    *md_table(["claim", "comparison", "verdict", "difference [CI], seeds", "paper, one seed"], table)]
+
+
+def _metric_rank(analysis: Analysis) -> Callable[[str], tuple[int, str]]:
+    """Sort key: the report order of model metrics (`metrics`), then the rest by name."""
+    order = {m: i for i, m in enumerate(metrics(analysis))}
+    return lambda metric: (order.get(metric, len(order)), metric)

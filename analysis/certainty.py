@@ -1,0 +1,212 @@
+"""The report's closing sections: the looks of an adaptive sweep, how sure we are (single-seed
+cells, the smallest attainable p, the Holm family, seeds needed, evaluation noise), failed runs,
+the setup, and how to read it all."""
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.compute import Analysis, confirmatory_rows, family_size, in_report_order, primary
+from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
+from analysis.stats import BOOT_NOMINAL_N, BOOT_RELIABLE_N, DECIDED, SEEDS_MAX, p_min_mannwhitney, p_min_signflip
+from analysis.text import (LISTED_RUNS, has, have, margins, md_table, num, seeds_needed_text, seeds_text, text, unlisted,
+                           where)
+
+
+def setup_section(analysis: Analysis) -> list[str]:
+    """What the sweep was and how it was analysed: runs, seeds, baseline, cells, corrections."""
+    o, spec = analysis.options, analysis.spec
+    status = analysis.runs["status"].value_counts()
+    other = int(status.drop(["done", "failed"], errors="ignore").sum())
+    model_cells = analysis.cells[~analysis.cells["metric"].map(analysis.is_reference).astype(bool)]
+    n_seeds = sorted(set(model_cells["n_seeds"]))
+    seeds = "–" if not n_seeds else str(n_seeds[0]) if len(n_seeds) == 1 else f"{n_seeds[0]} to {n_seeds[-1]}"
+    m = family_size(analysis)
+    overrides = " ".join(f"`{x}`" for x in spec.get("overrides", [])) or "none"
+    return [
+        "## Setup",
+        "",
+        f"- Sweep created: {spec.get('created_at', 'unknown')}; overrides: {overrides}",
+        f"- Runs: {status.get('done', 0)} done, {status.get('failed', 0)} failed, {other} not finished"
+        f" ({len(analysis.runs)} in the sweep)",
+        f"- Seeds per cell: {seeds}",
+        f"- Baseline: {o.baseline}; pairing: {o.pairing}"
+        + (" (seed s of a family against seed s of the baseline)" if o.pairing == "paired" else ""),
+        f"- alpha = {o.alpha:g}, two-sided; {1 - o.alpha:.0%} intervals",
+        _cells_line(analysis),
+        f"- Correction: Holm over the confirmatory family ({', '.join(o.primary_metrics)} x families x sizes"
+        + "".join(f" x {k} values" for k in analysis.keys)
+        + f", m = {m}); Benjamini-Hochberg over the other metrics (exploratory)",
+        f"- Bootstrap: BCa over seeds, {o.n_boot} resamples, in results.parquet only"
+        f" (unreliable below {BOOT_RELIABLE_N} seeds, approximate below {BOOT_NOMINAL_N}: its coverage is"
+        " still under nominal there)",
+        f"- Equivalence margin and planning gap: delta_min = {margins(o.delta_min)}",
+        f"- Analysis seed: {o.seed}",
+    ]
+
+
+def _cells_line(analysis: Analysis) -> str:
+    """How cells are keyed, and which varying config keys were deliberately not split on."""
+    standard = {*KEY_COLUMNS, *VALUE_COLUMNS, *analysis.keys}
+    unsplit = sorted(c for c in analysis.values.columns if c not in standard)
+    return (f"- Cells: {' x '.join(['family', 'size', *analysis.keys, 'metric'])}, seeds as replicates"
+            + (f"; also varying, not split on: {', '.join(unsplit)}" if unsplit else ""))
+
+
+def _rank_test_seeds(m: int, alpha: float, paired: bool) -> int:
+    """Fewest seeds (per family when unpaired) with which the exact rank test could reach alpha after
+    Holm over m comparisons; SEEDS_MAX + 1 when not within SEEDS_MAX."""
+    floor = p_min_signflip if paired else lambda n: p_min_mannwhitney(n, n)
+    return next((n for n in range(2, SEEDS_MAX + 1) if m * floor(n) < alpha), SEEDS_MAX + 1)
+
+
+def _single_seed_lines(analysis: Analysis) -> list[str]:
+    cells = analysis.cells[~analysis.cells["metric"].map(analysis.is_reference).astype(bool)]
+    single = in_report_order(analysis, cells[cells["single_seed"].astype(bool)])
+    names = list(dict.fromkeys(f"{row['family']} at {where(row, analysis.keys)}" for _, row in single.iterrows()))
+    if not names:
+        return ["- **Single-seed cells:** none; every model cell has at least 2 seeds."]
+    return [f"- **Single-seed cells** (no interval, no test, marked 'single seed' in the tables): {'; '.join(names)}."]
+
+
+def _floor_lines(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
+    """The smallest p the exact rank test can give with the seeds at hand, before and after Holm."""
+    testable = rows[rows["p_value"].notna()]
+    if testable.empty:
+        return []
+    o, m = analysis.options, family_size(analysis)
+    paired = o.pairing == "paired"
+    test, rule = ("sign-flip", "2 / 2^n") if paired else ("Mann-Whitney", "2 / C(n_x + n_y, n_x)")
+    floors = testable.assign(have=testable.apply(have, axis=1)).groupby("have")["p_min_attainable"].first()
+    texts = "; ".join(f"{p:.3g} with {n} seeds, {min(1.0, m * p):.3g} after Holm over m = {m}"
+                      for n, p in floors.items())
+    needed = seeds_text(_rank_test_seeds(m, o.alpha, paired))
+    return [f"- **Smallest attainable p.** The exact {test} test cannot give p below {rule}: {texts}."
+            f" It can reach alpha = {o.alpha:g} after Holm only from {needed} seeds"
+            f"{' per family' if not paired else ''}. The {'paired' if paired else 'Welch'} t-test behind the"
+            " verdicts has no such floor: it uses the sizes of the differences, not only their signs."]
+
+
+def _family_lines(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
+    o, m = analysis.options, family_size(analysis)
+    others = analysis.comparisons[analysis.comparisons["correction"] != "holm"]
+    parts = [f"metrics {', '.join(sorted(set(rows['metric'])))}",
+             f"{', '.join(sorted(set(rows['family'])))} against {o.baseline}",
+             f"sizes {', '.join(sorted(set(rows['size'])))}",
+             *(f"{k} values {', '.join(sorted({text(v) for v in rows[k]}))}" for k in analysis.keys)]
+    exploratory = (f" The other {len(others)} comparisons ({', '.join(sorted(set(others['metric'])))}) are"
+                   " exploratory: Benjamini-Hochberg adjusted, not claims." if len(others) else "")
+    return [f"- **Multiple-comparison family.** Holm over m = {m} confirmatory comparisons: {'; '.join(parts)}"
+            f" (comparisons with fewer than 2 seeds cannot be tested and do not count).{exploratory}"]
+
+
+def _undecided_lines(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
+    """Seeds needed for each confirmatory comparison without a verdict: planning figures only."""
+    undecided = rows[~rows["verdict"].isin(DECIDED)]
+    if undecided.empty:
+        return ["- **Seeds needed:** none; every confirmatory comparison has a verdict."]
+    table = [[f"{row['family']} vs {row['baseline']}, {analysis.label(row['metric'])}, {where(row, analysis.keys)}",
+              str(have(row)), f"{row['delta_min']:g}", seeds_needed_text(row["seeds_needed"]),
+              seeds_needed_text(row["seeds_needed_conservative"]), seeds_needed_text(row["seeds_needed_observed"])]
+             for _, row in undecided.iterrows()]
+    return ["- **Seeds needed** for 80% power, per undecided confirmatory comparison (planning estimates, not"
+            " evidence):", "",
+            *md_table(["comparison", "seeds now", "gap (delta_min)", "seeds at the observed noise",
+                        "seeds if the noise is at its 80% upper bound", "seeds for the observed gap"], table)]
+
+
+def _item_noise_lines(analysis: Analysis) -> list[str]:
+    """Evaluation noise (standard error over items) against seed noise, when the cells carry it."""
+    cells = in_report_order(analysis, primary(analysis, analysis.cells))
+    if not (has(cells, "item_se") and has(cells, "n_items")):
+        return []
+    table = [[row["family"], analysis.label(row["metric"]), where(row, analysis.keys), text(row["n_items"]),
+              num(row["item_se"]), num(row["std"])] for _, row in cells.iterrows()]
+    return ["", "Evaluation noise against seed noise: where the item standard error is well below the seed"
+            " std, more seeds, not more evaluation items, narrow the intervals.", "",
+            *md_table(["family", "metric", "where", "items", "item SE", "seed std"], table)]
+
+
+def _look_verdicts(look: dict) -> str:
+    """A look's verdicts, each with the look that settled it (a settled verdict stays settled)."""
+    settled = {f"{c['family']}/{c['size']}": c.get("settled_at_look")
+               for c in (look.get("plan") or {}).get("comparisons", [])}
+    return ", ".join(f"{k}: {v}" + (f" (settled at look {settled[k]})" if settled.get(k) is not None else "")
+                     for k, v in sorted(look["verdicts"].items()))
+
+
+def looks_section(analysis: Analysis) -> list[str]:
+    """The looks of an adaptive sweep, as recorded by the orchestrator: the count is the honest one."""
+    looks = analysis.spec.get("looks") or []
+    if not looks:
+        return []
+    rows = [[str(look["look"]), str(look["n_looks"]), str(look["n_seeds"]), f"{look['level']:.4f}",
+             look["decision"], _look_verdicts(look), str(look.get("runs_saved", 0))] for look in looks]
+    saved = sum(look.get("runs_saved", 0) for look in looks)
+    lines = ["## Looks (adaptive seeding)", "",
+             "Seeds were added in the declared schedule of looks; every interval of a look is at level"
+             " 1 - alpha/K (K looks), with Holm across cells. A comparison the rule settles keeps its verdict"
+             " at later looks, and only the arms of comparisons still open (with their baseline) get the"
+             f" next seeds: {saved} runs were not started because their arm was settled.", "",
+             *md_table(["look", "of", "seeds", "level", "decision", "verdicts", "runs saved"], rows)]
+    if looks[-1]["decision"] != "continue" and looks[-1]["look"] < looks[-1]["n_looks"]:
+        lines += ["", "Stopped early: estimates from an early stop are biased away from 0 (winner's curse)."]
+    return lines + [""]
+
+
+def how_sure_section(analysis: Analysis) -> list[str]:
+    rows = confirmatory_rows(analysis)
+    lines = ["## How sure are we", "", *_single_seed_lines(analysis)]
+    if has(analysis.comparisons, "hb_low"):
+        lines += [f"- **Hierarchical interval.** The hierarchical CI resamples seeds and evaluation items together."
+                  f" Below {BOOT_RELIABLE_N} seeds it is too narrow (resampling few seeds understates their spread),"
+                  " so the t-interval decides; where the hierarchical CI is the wider one, noise from the"
+                  " evaluation items matters."]
+    if not rows.empty:
+        lines += [*_floor_lines(analysis, rows), *_family_lines(analysis, rows), *_undecided_lines(analysis, rows)]
+    return lines + _item_noise_lines(analysis)
+
+
+def failed_section(analysis: Analysis) -> list[str]:
+    runs = analysis.runs[analysis.runs["status"] != "done"]
+    lines = ["## Failed and unfinished runs", ""]
+    if runs.empty:
+        return lines + ["None: every run of the sweep is done."]
+    rows = [[r.run_id, text(r.family), text(r.size), text(r.seed), r.status, "" if pd.isna(r.error) else r.error]
+            for r in runs.sort_values(["status", "run_id"]).head(LISTED_RUNS).itertuples()]
+    return lines + md_table(["run", "family", "size", "seed", "status", "error"], rows) + unlisted(len(runs))
+
+
+def how_to_read_section(analysis: Analysis) -> list[str]:
+    o = analysis.options
+    ns = sorted({int(n) for n in analysis.comparisons["n_pairs"] if n >= 2} | {3, 5})
+    floors = ", ".join(f"{p_min_signflip(n):.3g} with {n}" for n in ns)
+    return [
+        "## How to read this", "",
+        f"- **Interval.** The {1 - o.alpha:.0%} CI is a t-interval over seeds: repeated with new seeds,"
+        f" {1 - o.alpha:.0%} of intervals built this way would contain the true mean, if the seeds' values are"
+        " near-normal. With 3 seeds it is wide because the seed-to-seed spread is itself barely known. Where"
+        " the seeds are strongly skewed (marked 'skewed', judged from 5 seeds) the promise fails: coverage"
+        " drops to about 82-92%.",
+        "- **Hierarchical p** is one-sided (the share of resamples with no improvement), unlike the two-sided"
+        " p-values beside it; halve a two-sided p before comparing the two.",
+        "- **Differences** are candidate minus baseline in the metric's own units, paired by seed when pairing"
+        " is paired; 'better' and 'worse' already account for whether higher or lower is better.",
+        "- **Cells.** Each value of a swept config key (such as train.lr) is its own cell, and a family is"
+        " compared with the baseline at the same values only. Keys that only restate the family or the size"
+        " (family.*, a family's own model.n_layers) or cannot change results (store, cluster, resources,"
+        " retries, checkpointing) do not split cells.",
+        f"- **Holm.** With m confirmatory comparisons, Holm multiplies the smallest p by m, the next by m - 1,"
+        f" and so on, so the chance of any false 'better' or 'worse' among them stays below {o.alpha:g}."
+        " Other metrics are exploratory: Benjamini-Hochberg keeps the expected share of false findings"
+        " among them below alpha.",
+        f"- **Verdicts.** equivalent: the {1 - 2 * o.alpha:.0%} CI inside +-delta_min; 'equivalent (negligible"
+        f" difference)' when the difference is also significant (adjusted p < {o.alpha:g}) but smaller than"
+        f" the margin. better / worse: adjusted p < {o.alpha:g}, the CI on one side of 0, and not inside the"
+        " margin. inconclusive: none of these. 'More seeds' figures are"
+        " planning estimates (80% power at the stated gap), not evidence about the observed gap.",
+        f"- **Why few seeds cannot make a rank test significant.** An exact sign-flip test with n seeds cannot"
+        f" give p below 2 / 2^n ({floors} seeds), and Mann-Whitney with 3 vs 3 seeds cannot go below"
+        f" {p_min_mannwhitney(3, 3):.2f}. A sign-flip p of 0.25 with 3 seeds is therefore no evidence either"
+        " way: the test could not have been significant. The t-test can, because it uses the sizes of the"
+        " differences, not only their signs.",
+    ]
