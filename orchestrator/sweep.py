@@ -28,8 +28,8 @@ from jobs.flops import flop_ratio
 from orchestrator import grid, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, recorded_executor
-from orchestrator.identity import run_id
-from orchestrator.plan import PlannedRun, done, gpu_hours, jobs_of, plan, resources_text
+from orchestrator.identity import run_id, settings_digest
+from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_text
 from orchestrator.store import DONE, FAILED, Store, StoreError
 from orchestrator.upgrade import upgrade
 from orchestrator.worker import execute
@@ -200,16 +200,17 @@ def _cell(cfg: RunConfig, keys: tuple[str, ...]) -> dict[str, Any]:
 def report(store: Store, name: str, console: Console, tracker: Optional[tracking.TrackerConfig] = None) -> int:
     """Analyse the sweep's finished runs: report files, the console summary, W&B's summary run."""
     sweep = store.read_sweep(name)
-    damaged = [(r, p) for r in sweep["run_ids"] for p in store.problems(r)]
+    inspected = {r: store.inspect(r) for r in sweep["run_ids"]}  # one read of each run's files
+    damaged = [(r, p) for r, (problems, _) in inspected.items() for p in problems]
     if damaged:
         raise StoreError(f"sweep {name}: run {damaged[0][0]}: {damaged[0][1]} ({len(damaged)} "
                          f"problems, see `status`); run the sweep again to repair them")
-    states = [store.read_state(r)["status"] for r in sweep["run_ids"]]
-    if "done" not in states:
+    states = {r: state or {} for r, (_, state) in inspected.items()}
+    if not any(state.get("status") == DONE for state in states.values()):
         console.print(f"sweep {name}: no finished runs yet; nothing to report")
         return 1
     upgrade(store)
-    if outdated := _outdated(store, sweep["run_ids"]):
+    if outdated := _outdated(store, name, states):
         console.print(f"warning: sweep {name}: results of {', '.join(f'{job} ({n} runs)' for job, n in outdated.items())} "
                       f"were recorded by an earlier revision of the evaluation or with other settings, and are "
                       f"reported as recorded; run the sweep again (the same command) to evaluate them anew on "
@@ -225,19 +226,24 @@ def report(store: Store, name: str, console: Console, tracker: Optional[tracking
     return 0
 
 
-def _outdated(store: Store, run_ids: list[str]) -> Counter:
+def _outdated(store: Store, name: str, states: dict[str, dict]) -> Counter:
     """Evaluation -> number of runs whose recorded result is not what the evaluation would record
-    now (its revision or settings changed since, orchestrator/identity.py): a sweep reruns those."""
+    now (its revision or settings changed since, orchestrator/identity.py): a sweep reruns those.
+    The digests are computed once per config of the sweep's configs file (seeds do not change
+    them), so 100,000 seeds of a grid point type one config."""
+    configs = store.sweep_configs(name)
+    digests: dict[Any, dict[str, Optional[str]]] = {}  # config (group index, or run id) -> job -> digest
     counts: Counter = Counter()
-    for rid in run_ids:
-        state = store.read_state(rid)
-        try:
-            cfg = load_run_config(store.read_config(rid))
-        except Exception:  # noqa: BLE001  a config.yaml this code cannot read: not for this warning to judge
-            continue
+    for rid, state in states.items():
+        key = configs.runs[rid][0] if rid in configs.runs else rid
+        if key not in digests:
+            try:
+                cfg = load_run_config(configs.config(rid) if rid in configs.runs else store.read_config(rid))
+                digests[key] = {job: settings_digest(cfg, job) for job in cfg.eval.jobs if job in EVALUATIONS.names()}
+            except Exception:  # noqa: BLE001  a config.yaml this code cannot read: not for this warning to judge
+                digests[key] = {}
         for job, entry in state.get("jobs", {}).items():
-            if (entry.get("status") == DONE and job in EVALUATIONS.names() and job in cfg.eval.jobs
-                    and not done(state, job, cfg)):
+            if entry.get("status") == DONE and job in digests[key] and entry.get("settings") != digests[key][job]:
                 counts[job] += 1
     return counts
 
