@@ -519,3 +519,12 @@ def test_the_confirmatory_family_follows_the_papers_claims_per_data_kind():
     assert confirmatory(specs, {"regbench"}) == ("regbench_tvd", "ablation_drop_f1", "induction_max")
     assert confirmatory(specs, {"arith"}) == ("gsm8k_em_strict",)
     assert all(specs[m].claim for m in confirmatory(specs, {"regbench", "arith"}))  # each a claim of the paper
+
+
+@pytest.mark.parametrize("fixture,name", [("store", "demo"), ("lr_store", "lr"), ("decisive_store", "demo")])
+def test_report_is_the_one_written_before_the_store_index_and_the_summarised_tables(fixture, name, request):
+    """report.md of each test sweep, byte for byte, as the code before issue 26's changes (the
+    index, the configs file, the loader's single pass, the summarised run tables) wrote it
+    (tests/data/report_before_scale, written by commit 683327b)."""
+    report = write_report(request.getfixturevalue(fixture), name).read_text()
+    assert report == (Path(__file__).parent / "data" / "report_before_scale" / f"{fixture}.md").read_text()
