@@ -207,10 +207,12 @@ class Selection:
                 value_columns["metric"].append(name)
                 value_columns["value"].append(float("nan") if value is None else float(value))
                 value_columns["higher_is_better"].append(None if name in references else directions.get(name))
-            for name, record in recorded.get("specs", {}).items():
-                metrics.setdefault(name, MetricSpec.from_record(record))
+            for name, record in recorded.get("specs", {}).items():  # the first run's record of each, parsed once
+                if name not in metrics:
+                    metrics[name] = MetricSpec.from_record(record)
             for name, record in recorded.get("curve_specs", {}).items():
-                curve_specs.setdefault(name, CurveSpec.from_record(record))
+                if name not in curve_specs:
+                    curve_specs[name] = CurveSpec.from_record(record)
             for name, higher in directions.items():
                 metrics.setdefault(name, MetricSpec(name, higher))
             for name, points in recorded.get("curves", {}).items():

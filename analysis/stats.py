@@ -41,9 +41,12 @@ REFERENCE_PREFIX = "ngram"
 N_BOOT = 9_999
 BOOT_RELIABLE_N = 10  # below this BCa over seeds under-covers (0.74 at n=3, 0.92 at n=10)
 BOOT_NOMINAL_N = 20  # below this BCa over seeds is flagged approximate (0.92 at n=10, 0.94 at n=20)
-# Above this many seeds a cell has no bootstrap interval: it exists to check the t-interval on few,
-# perhaps skewed, seeds, and with thousands the t-interval holds by the central limit theorem, while
-# BCa's cost grows with seeds squared (its jackknife) and its memory with resamples x seeds.
+# Above this many seeds a cell is not resampled. It has no bootstrap interval: that exists to check
+# the t-interval on few, perhaps skewed, seeds, and with thousands the t-interval holds by the
+# central limit theorem, while BCa's cost grows with seeds squared (its jackknife) and its memory
+# with resamples x seeds. Its sign-flip p is the normal approximation of the sign-flip
+# distribution (mean 0, variance sum(delta^2) / n^2), which the resampled p only estimates with
+# noise at that size, at resamples x seeds the cost (minutes for 50,000 seeds).
 BOOT_MAX_N = 2_000
 PERMUTATION_BATCH = 2**24  # values of sign-flip resamples held at once (128 MB), for large cells
 SKEW_MIN_N = 5  # below this sample skewness cannot be told apart from normal noise: never flagged
@@ -383,7 +386,11 @@ def p_min_mannwhitney(n_x: int, n_y: int) -> float:
 
 def _signflip_p(delta: np.ndarray, rng: np.random.Generator) -> float:
     """The sign-flip test's p; a large cell's resamples are drawn in batches (the same draws, in
-    the same order, so the same p), which bounds the memory."""
+    the same order, so the same p), which bounds the memory. Above BOOT_MAX_N pairs, its normal
+    approximation."""
+    if len(delta) > BOOT_MAX_N:
+        spread = math.sqrt(float(np.sum(delta ** 2)))
+        return float(2 * stats.norm.sf(abs(float(np.sum(delta))) / spread)) if spread > 0 else 1.0
     exact = 2 ** len(delta) <= EXACT_PERMUTATIONS
     batch = PERMUTATION_BATCH // len(delta) if len(delta) * N_BOOT > PERMUTATION_BATCH else None
     result = stats.permutation_test((delta,), np.mean, permutation_type="samples", vectorized=True,
