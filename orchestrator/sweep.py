@@ -30,6 +30,7 @@ from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_
 from orchestrator.executors import Executor, recorded_executor
 from orchestrator.identity import run_id, settings_digest
 from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_text
+from orchestrator.status import LISTED
 from orchestrator.store import DONE, FAILED, Store, StoreError
 from orchestrator.upgrade import upgrade
 from orchestrator.worker import execute
@@ -85,13 +86,18 @@ class Sweep:
             self.console.print(f"adaptive sweep on {a.metric}: looks at {a.schedule} seeds, level "
                                f"{1 - a.alpha / len(a.schedule):.4f} per look; first look:")
         runs = plan(self.first_configs(), self.store)
-        for r in runs:
+        for r in runs[:LISTED]:
             c = r.config
             hours = f"{gpu_hours(c):,.0f} GPU h" if c.resources.gpus > 0 else "CPU"
             self.console.print(f"{r.run_id}  {c.family.name:<7} {c.model.name:<6} seed={c.seed:<3} "
                                f"{resources_text(c)}  {r.cost:.2e} FLOPs {hours}  "
                                f"{'cached' if r.cached else 'new'}")
         new = [r for r in runs if not r.cached]
+        if len(runs) > LISTED:  # nobody reads 100,000 lines: the rest by family and size
+            groups = Counter((r.config.family.name, r.config.model.name, r.cached) for r in runs[LISTED:])
+            self.console.print(f"... and {len(runs) - LISTED} more runs: " + ", ".join(
+                f"{family} {size} {n} {'cached' if cached else 'new'}" for (family, size, cached), n in sorted(groups.items())),
+                markup=False, soft_wrap=True)
         cluster = self.configs[0].cluster
         if any(r.config.resources.gpus > 0 for r in new):
             self.console.print(f"estimate: {sum(gpu_hours(r.config) for r in new):,.0f} GPU hours for the "

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from common.atomic import write_parquet
 from jobs import launch
+from jobs.checkpoint import keep_final_weights
 from jobs.config import job_dict
 from jobs.contract import JobResult, Progress
 from jobs.registry import get_job
@@ -102,6 +103,8 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
         tracker.record(metrics)
         state = store.end_job(run_id, job, jobs, durable=durable, state=state,
                               **({"settings": digest} if (digest := settings_digest(cfg, job)) else {}))
+        if state["status"] == DONE and cfg.store.keep_checkpoints == "final_weights":
+            keep_final_weights(run_dir)  # under the claim: no job of the run reads them meanwhile
         tracker.finish()
     return DONE, state
 
