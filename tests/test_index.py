@@ -157,3 +157,20 @@ def test_snapshots_are_created_whole_under_new_names(tmp_path):
     assert len(names) == 1
     with open(os.path.join(index.directory(root), names[0])) as f:
         assert json.load(f)["generation"] == found.generation + 1
+
+
+def test_status_of_a_large_sweep_prints_counts_and_the_runs_that_need_a_look(tmp_path):
+    """Beyond 200 runs a line each only for the runs neither done nor pending; `--all` every run."""
+    store = Store(tmp_path)
+    store.create()
+    ids = [f"r{i:03d}" for i in range(260)]
+    store.record_sweep("s", [], ids)
+    for rid in ids[:250]:
+        _finish(store, rid, error="ValueError: boom" if rid in ("r007", "r100") else None)
+    text = _status_text(store, ["s"])
+    assert "done 248" in text and "failed 2" in text and "pending 10" in text
+    assert "r007" in text and "r100" in text and "r000" not in text
+    assert "2 of 260 runs listed" in text
+    out = io.StringIO()
+    status(store, ["s"], Console(file=out, width=200), check=False, every=True)
+    assert all(rid in out.getvalue() for rid in ids)
