@@ -247,12 +247,15 @@ CHILDREN: dict[str, Callable[..., dict]] = {
 
 
 def child(part: str, n: int, root: Path, argv: list[str]) -> dict:
-    """Run one measurement in a fresh process; its JSON result."""
+    """Run one measurement in a fresh process; its JSON result, also printed as it comes (a long
+    run stopped half-way still shows what it measured)."""
     cmd = [sys.executable, __file__, "--child", part, "--n", str(n), "--root", str(root), "--", *argv]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"{part} at {n}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    console.print(f"    {part} {' '.join(argv[:1])}: {json.dumps(result)}", markup=False, highlight=False)
+    return result
 
 
 def profile(part: str, n: int, root: Path, argv: list[str], top: int = 8) -> list[str]:
