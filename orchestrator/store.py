@@ -38,7 +38,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
-import glob
 import os
 import socket
 import time
@@ -126,7 +125,13 @@ class Store:
         return os.path.join(self._runs, run_id, name)
 
     def _checkpoints(self, run_id: str) -> list[str]:
-        return sorted(glob.glob(os.path.join(glob.escape(self.run_file(run_id, "checkpoints")), "step_*.pt")))
+        """The run's checkpoint files, oldest first (one listing: `report` checks 100,000 runs)."""
+        directory = self.run_file(run_id, "checkpoints")
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        return sorted(os.path.join(directory, n) for n in names if n.startswith("step_") and n.endswith(".pt"))
 
     def write_config(self, run_id: str, cfg: Any, text: Optional[str] = None) -> None:
         """The run's resolved config (`text`, or `config_yaml(cfg)`), once: it never changes.
