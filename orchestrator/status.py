@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Iterator, Optional
 
 import yaml
@@ -76,10 +77,15 @@ def _table(console: Console, name: str, rows: list[Row], labels: "Labels") -> No
 
 
 class Labels:
-    """`<family>-<size>-s<seed>` of a sweep's runs, from its configs file, else config.yaml."""
+    """`<family>-<size>-s<seed>` of a sweep's runs, from its configs file, else config.yaml; the
+    configs file is read at the first label asked for (a sweep with nothing to list needs none)."""
 
     def __init__(self, store: Store, name: str):
-        self.store, self.configs = store, _sweep_configs(store, name)
+        self.store, self.name = store, name
+
+    @cached_property
+    def configs(self) -> SweepConfigs:
+        return _sweep_configs(self.store, self.name)
 
     def __call__(self, run_id: str) -> str:
         try:
@@ -124,7 +130,7 @@ def _indexed(store: Store, ids: list[str], found: index.Index, labels: Labels) -
             notes += _damage_notes(store, rid, labels(rid), state)
             rows.append(_with_progress(store, _row(rid, state)))
         else:
-            rows.append(Row(rid, rec["status"], {j: tuple(v) for j, v in rec["jobs"].items()}, rec["error"]))
+            rows.append(Row(rid, rec["status"], rec["jobs"], rec["error"]))  # job -> [status, attempts]
     return rows, notes
 
 
