@@ -39,6 +39,7 @@ bench: setup
 	$(PY) bench/sweep_efficiency.py --markdown $(BENCH_MD)/sweep_efficiency.md
 	$(PY) bench/trainer_speed.py --markdown $(BENCH_MD)/trainer_speed.md
 	$(PY) bench/analysis_speed.py --markdown $(BENCH_MD)/analysis_speed.md
+	$(PY) bench/scale.py --markdown $(BENCH_MD)/scale.md
 
 # The manual (mkdocs.yml, docs/), built into outputs/site; `.venv/bin/mkdocs serve` previews it.
 docs: setup

@@ -8,7 +8,8 @@ import pandas as pd
 from analysis.compute import Analysis, confirmatory_rows, family_size, in_report_order, primary
 from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
 from analysis.stats import BOOT_NOMINAL_N, BOOT_RELIABLE_N, DECIDED, SEEDS_MAX, p_min_mannwhitney, p_min_signflip
-from analysis.text import has, have, margins, md_table, num, seeds_needed_text, seeds_text, text, where
+from analysis.text import (LISTED_RUNS, has, have, margins, md_table, num, seeds_needed_text, seeds_text, text, unlisted,
+                           where)
 
 
 def setup_section(analysis: Analysis) -> list[str]:
@@ -171,8 +172,8 @@ def failed_section(analysis: Analysis) -> list[str]:
     if runs.empty:
         return lines + ["None: every run of the sweep is done."]
     rows = [[r.run_id, text(r.family), text(r.size), text(r.seed), r.status, "" if pd.isna(r.error) else r.error]
-            for r in runs.sort_values(["status", "run_id"]).itertuples()]
-    return lines + md_table(["run", "family", "size", "seed", "status", "error"], rows)
+            for r in runs.sort_values(["status", "run_id"]).head(LISTED_RUNS).itertuples()]
+    return lines + md_table(["run", "family", "size", "seed", "status", "error"], rows) + unlisted(len(runs))
 
 
 def how_to_read_section(analysis: Analysis) -> list[str]:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import (load, load_curves, load_data_kinds, load_history, load_items, load_paper_flops,
-                           load_runs, load_specs, load_sweep)
+from analysis.load import Selection, load_paper_flops, load_sweep
 from analysis.stats import N_BOOT, cell_keys, compare, summarize
 from analysis.text import where
 from common.metrics import CurveSpec, MetricSpec
@@ -85,24 +84,26 @@ def confirmatory(metric_specs: Mapping[str, MetricSpec], kinds: set[str]) -> tup
 
 
 def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None = None) -> Analysis:
-    """Load a sweep and compute its cells and comparisons, both keyed by the same cell keys."""
+    """Load a sweep (each of its files read once) and compute its cells and comparisons, both keyed
+    by the same cell keys."""
     spec = load_sweep(store_root, sweep)
-    metric_specs, curve_specs = load_specs(store_root, sweep)
-    kinds = load_data_kinds(store_root, sweep)
+    selection = Selection(store_root, sweep)
+    metric_specs, curve_specs = selection.results.metric_specs, selection.results.curve_specs
+    kinds = selection.data_kinds()
     options = options or options_for(spec, metric_specs, kinds)
     if options.primary_metrics is None:
         options = replace(options, primary_metrics=confirmatory(metric_specs, kinds))
-    values = load(store_root, sweep)
-    items = load_items(store_root, sweep)
+    values = selection.values()
+    items = selection.items()
     keys = cell_keys(values) if options.by is None else list(options.by)
     return Analysis(
-        sweep=sweep, spec=spec, runs=load_runs(store_root, sweep), values=values,
+        sweep=sweep, spec=spec, runs=selection.runs(), values=values,
         cells=summarize(values, 1 - options.alpha, options.n_boot, options.seed, by=keys, items=items),
         comparisons=compare(values, options.baseline, options.pairing, options.primary_metrics,
                             options.alpha, options.delta_min, options.seed, by=keys, items=items,
                             n_boot=HB_FINAL),
-        options=options, keys=tuple(keys), history=load_history(store_root, sweep),
-        curves={name: load_curves(store_root, sweep, name) for name, c in curve_specs.items() if c.kind != "data"},
+        options=options, keys=tuple(keys), history=selection.history(),
+        curves={name: selection.curves(name) for name, c in curve_specs.items() if c.kind != "data"},
         metric_specs=metric_specs, curve_specs=curve_specs, paper_flops=load_paper_flops(store_root, sweep))
 
 

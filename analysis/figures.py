@@ -27,9 +27,14 @@ class Plot:
 
 
 def grouped(analysis: Analysis, table: pd.DataFrame) -> pd.DataFrame:
-    """`table` in report order with the `group` column the plots split on (size and cell keys)."""
+    """`table` in report order with the `group` column the plots split on (size and cell keys),
+    named once per group (a sweep of 100,000 seeds has 100,000 rows and one group)."""
     table = in_report_order(analysis, table)
-    return table.assign(group=[where(row, analysis.keys) for _, row in table.iterrows()])
+    if table.empty:
+        return table.assign(group=pd.Series(dtype=object))
+    codes = table.groupby(["size", *analysis.keys], dropna=False, sort=False).ngroup()
+    names = {code: where(table.loc[first], analysis.keys) for first, code in codes.drop_duplicates().items()}
+    return table.assign(group=codes.map(names))
 
 
 def _keyed(analysis: Analysis, runs: pd.DataFrame) -> pd.DataFrame:
@@ -49,9 +54,11 @@ def _seed_plot(analysis: Analysis, metric: str) -> Plot:
         refs = refs.assign(name=refs["metric"].map(analysis.label), value=refs["mean"])
         lines = groups.merge(refs, on=["size", *data_keys(analysis)])[["group", "name", "value"]]
     level = f"{1 - analysis.options.alpha:.0%}"
-    return Plot(f"seeds_{metric}", f"{analysis.label(metric)}: every seed",
-                f"One dot per seed; grey lines join the same seed across families (the pairing); black: mean"
-                f" and {level} t-interval over seeds"
+    shown = (("the seeds", f"Per family a box: the seeds' quartiles, whiskers at the 5th and 95th percentile"
+              f" (more than {plots.DOTS_MAX} seeds in a cell)") if plots.too_many_dots(values) else
+             ("every seed", "One dot per seed; grey lines join the same seed across families (the pairing)"))
+    return Plot(f"seeds_{metric}", f"{analysis.label(metric)}: {shown[0]}",
+                f"{shown[1]}; black: mean and {level} t-interval over seeds"
                 + ("; horizontal lines: the reference estimators." if not refs.empty else "."),
                 plots.seed_dots(values, cells, lines, families(analysis), analysis.label(metric)),
                 f"no finished run has {metric}", analysis.spec_of(metric).section)

@@ -1,10 +1,11 @@
 """Read a results store into tidy DataFrames.
 
 Only the store's files are read (never `orchestrator` or `jobs`), so this works from a notebook on a
-copied store. Layout (format_version 2; 1 reads too, without specs):
+copied store. Layout (format_version 3; 2 and 1 read too, 1 without specs):
 
-    store.json                         {"format_version": 2}
-    runs/<run_id>/config.yaml          resolved config: seed, family.name, model.name (the size), ...
+    store.json                         {"format_version": 3}
+    sweeps/<name>/configs/*.json       the resolved configs of the sweep's runs (common/sweep_configs.py)
+    runs/<run_id>/config.yaml          the same, once a job ran: seed, family.name, model.name (the size), ...
     runs/<run_id>/state.json           {"status": ..., "error": ...}
     runs/<run_id>/metrics.json         {"metrics": {...}, "higher_is_better": {...}, "curves": {...},
                                         "specs": {...}, "curve_specs": {...}} (common/metrics.py)
@@ -12,8 +13,9 @@ copied store. Layout (format_version 2; 1 reads too, without specs):
     sweeps/<name>/sweep.yaml           {name, overrides, run_ids, created_at}
     sweeps/<name>/paper_flops.json     the paper-scale FLOPs table, written by the orchestrator
 
-Sweep membership: a run may be listed by several sweeps. With `sweep=None` the `sweep` column holds
-the earliest-created sweep that lists the run (ties broken by name), or None when no sweep lists it.
+Sweep membership: a run may be listed by several sweeps. With `sweep=None` the selection is every
+run a sweep lists or that has a directory, and the `sweep` column holds the earliest-created sweep
+that lists the run (ties broken by name), or None when no sweep lists it.
 A run listed by a sweep but without a state file yet counts as "pending", one whose state file
 cannot be parsed as "corrupt".
 """
@@ -21,23 +23,30 @@ cannot be parsed as "corrupt".
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Any, Callable
 
 import pandas as pd
-import yaml
 
+from common.atomic import read_yaml
 from common.metrics import CurveSpec, MetricSpec
+from common.sweep_configs import SweepConfigs, read_sweep_configs
 
-FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSIONS = (1, 2, 3)
 KEY_COLUMNS = ["run_id", "sweep", "family", "size", "seed"]
 VALUE_COLUMNS = ["metric", "value", "higher_is_better"]
 ITEM_COLUMNS = ["metric", "item_id", "score", "weight"]
+RUN_KEYS = ["run_id", "family", "size", "seed"]
 # Config keys that become the key columns; every other varying key is reported as a dotted column.
 _KEY_CONFIG = {"seed": "seed", "family.name": "family", "model.name": "size"}
 
 
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
+def _read_json(path: str | Path) -> Any:
+    with open(path, "rb") as f:
+        return json.loads(f.read())
 
 
 def _check_store(root: Path) -> None:
@@ -56,70 +65,209 @@ def load_sweep(store_root: str | Path, sweep: str) -> dict:
     path = root / "sweeps" / sweep / "sweep.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"no sweep named {sweep!r} in {root / 'sweeps'}")
-    return yaml.safe_load(path.read_text())
+    return read_yaml(path)
 
 
 def _sweep_membership(root: Path, sweep: str | None) -> dict[str, str | None]:
-    """run_id -> sweep for the selection: the sweep's runs, or every run directory in the store."""
+    """run_id -> sweep for the selection: the sweep's runs, or every run a sweep lists or that has
+    a directory in the store."""
     if sweep is not None:
         return {run_id: sweep for run_id in load_sweep(root, sweep)["run_ids"]}
-    specs = [yaml.safe_load(p.read_text()) for p in sorted((root / "sweeps").glob("*/sweep.yaml"))]
+    specs = [read_yaml(p) for p in sorted((root / "sweeps").glob("*/sweep.yaml"))]
     membership: dict[str, str | None] = {}
     for spec in sorted(specs, key=lambda s: (str(s.get("created_at", "")), s["name"])):
         for run_id in spec["run_ids"]:
             membership.setdefault(run_id, spec["name"])
-    run_dirs = (root / "runs").glob("*/") if (root / "runs").is_dir() else []
-    return {run_dir.name: membership.get(run_dir.name) for run_dir in sorted(run_dirs)}
+    run_dirs = os.listdir(root / "runs") if (root / "runs").is_dir() else []
+    return {run_id: membership.get(run_id) for run_id in sorted({*run_dirs, *membership})}
 
 
-def _flat_config(run_dir: Path) -> dict:
-    """The run's config as {dotted key: value}; lists and mappings become JSON text, so they compare."""
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        return {}
-    flat = pd.json_normalize(yaml.safe_load(path.read_text()) or {}, sep=".").to_dict("records")[0]
+def _flat(config: dict) -> dict:
+    """A config as {dotted key: value}; lists and mappings become JSON text, so they compare."""
+    flat = pd.json_normalize(config, sep=".").to_dict("records")[0] if config else {}
     return {k: json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v for k, v in flat.items()}
 
 
-def _state(run_dir: Path) -> dict:
+@dataclass
+class _Configs:
+    """The flattened configs of the selected runs: the runs of one group of seed variants share one
+    (a sweep's configs file holds it once, common/sweep_configs.py), so 100,000 seeds of a grid
+    point are flattened once; a run no configs file lists has its config.yaml, its own group."""
+    groups: list[dict] = field(default_factory=list)
+    of_run: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # run id -> (group, seed)
+
+    @classmethod
+    def read(cls, root: Path, membership: dict[str, str | None]) -> _Configs:
+        out = cls()
+        for name in sorted({s for s in membership.values() if s is not None}):
+            out._add_file(read_sweep_configs(root / "sweeps" / name), membership)
+        for run_id in membership:
+            if run_id not in out.of_run:
+                path = root / "runs" / run_id / "config.yaml"
+                config = (read_yaml(path) or {}) if path.is_file() else {}
+                out.groups.append(_flat({k: v for k, v in config.items() if k != "seed"}))
+                out.of_run[run_id] = (len(out.groups) - 1, config.get("seed"))
+        return out
+
+    def _add_file(self, configs: SweepConfigs, membership: dict[str, str | None]) -> None:
+        first = len(self.groups)
+        self.groups += [_flat({k: v for k, v in config.items() if k != "seed"}) for config in configs.configs]
+        for run_id, (group, seed) in configs.runs.items():
+            if run_id in membership:
+                self.of_run.setdefault(run_id, (first + group, seed))
+
+
+def _state(root: Path, run_id: str) -> dict:
     """The run's state; no file yet is "pending", an unreadable one "corrupt" (listed, not fatal)."""
-    path = run_dir / "state.json"
     try:
-        return _read_json(path) if path.is_file() else {"status": "pending"}
+        return _read_json(root / "runs" / run_id / "state.json")
+    except FileNotFoundError:
+        return {"status": "pending"}
     except ValueError as error:
         return {"status": "corrupt", "error": f"unreadable state.json: {error}"}
 
 
-def _run_table(store_root: str | Path, sweep: str | None) -> pd.DataFrame:
-    """One row per selected run: key columns, status, error and the flattened config."""
-    root = Path(store_root)
-    _check_store(root)
-    rows = []
-    for run_id, run_sweep in _sweep_membership(root, sweep).items():
-        run_dir = root / "runs" / run_id
-        state = _state(run_dir)
-        config = _flat_config(run_dir)
-        keys = {column: config.pop(key, None) for key, column in _KEY_CONFIG.items()}
-        rows.append({"run_id": run_id, "sweep": run_sweep, **keys,
-                     "status": state.get("status"), "error": state.get("error"), "config": config})
-    table = pd.DataFrame(rows, columns=[*KEY_COLUMNS, "status", "error", "config"])
-    table["seed"] = table["seed"].astype("Int64")
-    return table.sort_values(["family", "size", "seed", "run_id"], ignore_index=True)
+@dataclass
+class _Results:
+    """What the finished runs' metrics.json files hold, read in one pass."""
+    values: pd.DataFrame
+    metric_specs: dict[str, MetricSpec]
+    curve_specs: dict[str, CurveSpec]
+    curves: dict[str, dict[str, dict]]  # curve -> run id -> its points (column -> values)
 
 
-def _varying_config(configs: pd.Series) -> pd.DataFrame:
-    """The config keys whose values differ across the runs, one dotted column each (sorted by name).
+class Selection:
+    """The runs of one sweep (or, with sweep=None, of the whole store), each of their files read
+    at most once: the load_* functions below each read one, `analyse` reads one for all of them
+    (a report of 100,000 runs would otherwise read every file several times)."""
 
-    A column mixing kinds of value (text and numbers) is turned into text so it stays one type.
-    """
-    flat = pd.DataFrame(list(configs), index=configs.index)
-    varying = sorted(c for c in flat.columns if flat[c].nunique(dropna=False) > 1)
-    flat = flat[varying]
-    for column in varying:
-        kinds = {type(v) for v in flat[column].dropna()}
-        if len(kinds) > 1 and not kinds <= {int, float}:
-            flat[column] = flat[column].map(lambda v: v if pd.isna(v) else str(v))
-    return flat
+    def __init__(self, store_root: str | Path, sweep: str | None = None):
+        self.root = Path(store_root)
+        _check_store(self.root)
+        membership = _sweep_membership(self.root, sweep)
+        self.configs = _Configs.read(self.root, membership)
+        self.table = self._run_table(membership)
+
+    def _run_table(self, membership: dict[str, str | None]) -> pd.DataFrame:
+        """One row per selected run: key columns, status, error and its config group."""
+        columns: dict[str, list] = {c: [] for c in [*KEY_COLUMNS, "status", "error", "group"]}
+        for run_id, run_sweep in membership.items():
+            state = _state(self.root, run_id)
+            group, seed = self.configs.of_run[run_id]
+            flat = self.configs.groups[group]
+            for column, value in (("run_id", run_id), ("sweep", run_sweep), ("family", flat.get("family.name")),
+                                  ("size", flat.get("model.name")), ("seed", seed), ("status", state.get("status")),
+                                  ("error", state.get("error")), ("group", group)):
+                columns[column].append(value)
+        table = _frame(columns)
+        table["seed"] = table["seed"].astype("Int64")
+        return table.sort_values(["family", "size", "seed", "run_id"], ignore_index=True)
+
+    def runs(self) -> pd.DataFrame:
+        return self.table.drop(columns="group")
+
+    @cached_property
+    def done(self) -> pd.DataFrame:
+        return self.table[self.table["status"] == "done"].reset_index(drop=True)
+
+    def run_dir(self, run_id: str) -> str:
+        return os.path.join(self.root, "runs", run_id)
+
+    def varying_config(self) -> pd.DataFrame:
+        """The config keys whose values differ across the finished runs, one dotted column each
+        (sorted by name), indexed by run_id. Computed over their groups: a key varies across the
+        runs exactly when it varies across the groups they use. A column mixing kinds of value
+        (text and numbers) is turned into text so it stays one type."""
+        used = sorted(set(self.done["group"]))
+        flat = pd.DataFrame([{k: v for k, v in self.configs.groups[g].items() if k not in _KEY_CONFIG}
+                             for g in used], index=used)
+        varying = sorted(c for c in flat.columns if flat[c].nunique(dropna=False) > 1)
+        flat = flat[varying]
+        for column in varying:
+            kinds = {type(v) for v in flat[column].dropna()}
+            if len(kinds) > 1 and not kinds <= {int, float}:
+                flat[column] = flat[column].map(lambda v: v if pd.isna(v) else str(v))
+        return flat.reindex(self.done["group"]).set_axis(self.done["run_id"], axis=0)
+
+    def data_kinds(self) -> set[str]:
+        return {self.configs.groups[g].get("data.kind", "regbench") for g in set(self.done["group"])}
+
+    @cached_property
+    def results(self) -> _Results:
+        metrics: dict[str, MetricSpec] = {}
+        curve_specs: dict[str, CurveSpec] = {}
+        curves: dict[str, dict[str, dict]] = {}
+        value_columns: dict[str, list] = {c: [] for c in ["run_id", *VALUE_COLUMNS]}
+        for run_id in self.done["run_id"]:
+            recorded = _read_json(os.path.join(self.run_dir(run_id), "metrics.json"))
+            directions = recorded.get("higher_is_better", {})
+            references = {name for name, spec in recorded.get("specs", {}).items() if spec.get("reference")}
+            for name, value in sorted(recorded.get("metrics", {}).items()):
+                value_columns["run_id"].append(run_id)
+                value_columns["metric"].append(name)
+                value_columns["value"].append(float("nan") if value is None else float(value))
+                value_columns["higher_is_better"].append(None if name in references else directions.get(name))
+            for name, record in recorded.get("specs", {}).items():  # the first run's record of each, parsed once
+                if name not in metrics:
+                    metrics[name] = MetricSpec.from_record(record)
+            for name, record in recorded.get("curve_specs", {}).items():
+                if name not in curve_specs:
+                    curve_specs[name] = CurveSpec.from_record(record)
+            for name, higher in directions.items():
+                metrics.setdefault(name, MetricSpec(name, higher))
+            for name, points in recorded.get("curves", {}).items():
+                if isinstance(points, dict):
+                    curves.setdefault(name, {})[run_id] = points
+        values = _frame(value_columns).astype({"value": float, "higher_is_better": "boolean"})
+        return _Results(values, metrics, curve_specs, curves)
+
+    def values(self) -> pd.DataFrame:
+        keyed = self.done[KEY_COLUMNS].merge(self.results.values, on="run_id", how="inner")
+        return keyed.merge(self.varying_config(), left_on="run_id", right_index=True, how="left")
+
+    def items(self) -> pd.DataFrame:
+        keys = ["run_id", "family", "size", "seed"]
+        frames = [pd.read_parquet(path).assign(run_id=run_id)
+                  for run_id in self.done["run_id"] for path in _files(os.path.join(self.run_dir(run_id), "items"))]
+        if not frames:
+            return pd.DataFrame(columns=[*keys, *ITEM_COLUMNS])
+        items = self.done[keys].merge(pd.concat(frames, ignore_index=True), on="run_id", how="inner")
+        extra = [c for c in items.columns if c not in keys and c not in ITEM_COLUMNS]
+        return items[[*keys, *ITEM_COLUMNS, *extra]]
+
+    def per_run(self, read: Callable[[str], pd.DataFrame | None]) -> pd.DataFrame:
+        """`read(run_id)` for every finished run, stacked behind the run's key columns; runs for
+        which it returns None (no such file or curve) are left out, so older stores still load."""
+        frames = {run_id: read(run_id) for run_id in self.done["run_id"]}
+        frames = {run_id: frame for run_id, frame in frames.items() if frame is not None}
+        if not frames:
+            return pd.DataFrame(columns=RUN_KEYS)
+        stacked = pd.concat([frame.assign(run_id=run_id) for run_id, frame in frames.items()], ignore_index=True)
+        table = self.done[RUN_KEYS].merge(stacked, on="run_id", how="inner")
+        return table[[*RUN_KEYS, *[c for c in stacked.columns if c != "run_id"]]]
+
+    def history(self) -> pd.DataFrame:
+        def read(run_id: str) -> pd.DataFrame | None:
+            path = os.path.join(self.run_dir(run_id), "history.parquet")
+            return pd.read_parquet(path) if os.path.isfile(path) else None
+        return self.per_run(read)
+
+    def curves(self, curve: str) -> pd.DataFrame:
+        points = self.results.curves.get(curve, {})
+        return self.per_run(lambda run_id: pd.DataFrame(points[run_id]) if run_id in points else None)
+
+
+def _frame(columns: dict[str, list]) -> pd.DataFrame:
+    """A frame of these column lists; without rows, of object columns (as from no records)."""
+    return pd.DataFrame(columns) if any(columns.values()) else pd.DataFrame(columns=list(columns))
+
+
+def _files(directory: str) -> list[str]:
+    """The parquet files of a directory, by name (none when it does not exist)."""
+    try:
+        return [os.path.join(directory, n) for n in sorted(os.listdir(directory)) if n.endswith(".parquet")]
+    except FileNotFoundError:
+        return []
 
 
 def load_runs(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
@@ -127,17 +275,12 @@ def load_runs(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
 
     Columns: run_id, sweep, family, size, seed, status, error.
     """
-    return _run_table(store_root, sweep).drop(columns="config")
-
-
-def _done(store_root: str | Path, sweep: str | None) -> pd.DataFrame:
-    runs = _run_table(store_root, sweep)
-    return runs[runs["status"] == "done"].reset_index(drop=True)
+    return Selection(store_root, sweep).runs()
 
 
 def load_data_kinds(store_root: str | Path, sweep: str | None = None) -> set[str]:
     """The data kinds (data.kind) of the finished runs: which headline and confirmatory metrics apply."""
-    return {c.get("data.kind", "regbench") for c in _done(store_root, sweep)["config"]}
+    return Selection(store_root, sweep).data_kinds()
 
 
 def load(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
@@ -149,22 +292,7 @@ def load(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
     those that split cells). Only runs whose status is "done" are included; see `load_runs` for the
     others.
     """
-    runs = _done(store_root, sweep)
-    root = Path(store_root)
-    rows = []
-    for run in runs.itertuples():
-        metrics = _read_json(root / "runs" / run.run_id / "metrics.json")
-        directions = metrics.get("higher_is_better", {})
-        references = {name for name, spec in metrics.get("specs", {}).items() if spec.get("reference")}
-        rows += [{"run_id": run.run_id, "metric": name,
-                  "value": float("nan") if value is None else float(value),
-                  "higher_is_better": None if name in references else directions.get(name)}
-                 for name, value in sorted(metrics.get("metrics", {}).items())]
-    values = pd.DataFrame(rows, columns=["run_id", *VALUE_COLUMNS])
-    values = values.astype({"value": float, "higher_is_better": "boolean"})
-    config = _varying_config(runs.set_index("run_id")["config"])
-    keyed = runs[KEY_COLUMNS].merge(values, on="run_id", how="inner")
-    return keyed.merge(config, left_on="run_id", right_index=True, how="left")
+    return Selection(store_root, sweep).values()
 
 
 def load_items(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
@@ -173,70 +301,27 @@ def load_items(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame
     Columns: run_id, family, size, seed, metric, item_id, score, weight, plus any extra columns the
     item files carry (such as cluster_id).
     """
-    runs = _done(store_root, sweep)
-    root = Path(store_root)
-    keys = ["run_id", "family", "size", "seed"]
-    frames = [pd.read_parquet(path).assign(run_id=run.run_id)
-              for run in runs.itertuples()
-              for path in sorted((root / "runs" / run.run_id / "items").glob("*.parquet"))]
-    if not frames:
-        return pd.DataFrame(columns=[*keys, *ITEM_COLUMNS])
-    items = runs[keys].merge(pd.concat(frames, ignore_index=True), on="run_id", how="inner")
-    extra = [c for c in items.columns if c not in keys and c not in ITEM_COLUMNS]
-    return items[[*keys, *ITEM_COLUMNS, *extra]]
-
-
-RUN_KEYS = ["run_id", "family", "size", "seed"]
-
-
-def _per_run(store_root: str | Path, sweep: str | None, read) -> pd.DataFrame:
-    """`read(run_dir)` for every finished run, stacked behind the run's key columns; runs for which it
-    returns None (the file is missing) are left out, so older stores without the file still load."""
-    runs = _done(store_root, sweep)
-    root = Path(store_root)
-    frames = {run.run_id: read(root / "runs" / run.run_id) for run in runs.itertuples()}
-    frames = {run_id: frame for run_id, frame in frames.items() if frame is not None}
-    if not frames:
-        return pd.DataFrame(columns=RUN_KEYS)
-    stacked = pd.concat([frame.assign(run_id=run_id) for run_id, frame in frames.items()], ignore_index=True)
-    table = runs[RUN_KEYS].merge(stacked, on="run_id", how="inner")
-    return table[[*RUN_KEYS, *[c for c in stacked.columns if c != "run_id"]]]
+    return Selection(store_root, sweep).items()
 
 
 def load_history(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
     """The training logs (history.parquet) of the finished runs, one row per run x logged step: run_id,
     family, size, seed, then the log's columns (step, loss, lr, tokens, flops, n_layers)."""
-    def read(run_dir: Path) -> pd.DataFrame | None:
-        path = run_dir / "history.parquet"
-        return pd.read_parquet(path) if path.is_file() else None
-    return _per_run(store_root, sweep, read)
+    return Selection(store_root, sweep).history()
 
 
 def load_curves(store_root: str | Path, sweep: str | None = None, curve: str = "tvd_by_context") -> pd.DataFrame:
     """One curve of metrics.json's `curves` for the finished runs, one row per run x point: run_id,
     family, size, seed, then the curve's columns (for tvd_by_context: n_context_strings, n_positions,
     regbench_tvd and the ngram*_tvd references). Runs without the curve are left out."""
-    def read(run_dir: Path) -> pd.DataFrame | None:
-        points = _read_json(run_dir / "metrics.json").get("curves", {}).get(curve)
-        return pd.DataFrame(points) if isinstance(points, dict) else None
-    return _per_run(store_root, sweep, read)
+    return Selection(store_root, sweep).curves(curve)
 
 
 def load_specs(store_root: str | Path, sweep: str | None = None) -> tuple[dict[str, MetricSpec], dict[str, CurveSpec]]:
     """What the finished runs' jobs declared about their metrics and curves (metrics.json's specs).
     A metric of a store without specs (format 1) gets its name as its label and no role."""
-    runs, root = _done(store_root, sweep), Path(store_root)
-    metrics: dict[str, MetricSpec] = {}
-    curves: dict[str, CurveSpec] = {}
-    for run in runs.itertuples():
-        recorded = _read_json(root / "runs" / run.run_id / "metrics.json")
-        for name, record in recorded.get("specs", {}).items():
-            metrics.setdefault(name, MetricSpec.from_record(record))
-        for name, record in recorded.get("curve_specs", {}).items():
-            curves.setdefault(name, CurveSpec.from_record(record))
-        for name, higher in recorded.get("higher_is_better", {}).items():
-            metrics.setdefault(name, MetricSpec(name, higher))
-    return metrics, curves
+    results = Selection(store_root, sweep).results
+    return results.metric_specs, results.curve_specs
 
 
 def load_paper_flops(store_root: str | Path, sweep: str) -> pd.DataFrame:

@@ -16,8 +16,9 @@ from analysis.certainty import failed_section, how_sure_section, how_to_read_sec
 from analysis.compute import (Analysis, families, in_report_order, metrics, not_beating_references, position,
                               references, seed_means)
 from analysis.figures import Plot, draw
-from analysis.text import (CORRECTION_LABELS, cell_text, difference, flag, has, interval_text, key_texts, md_table, num,
-                           p_text, raw_interval, seeds, seeds_needed_text, sign, signed, slugs, verdict_text, where)
+from analysis.text import (CORRECTION_LABELS, LISTED_RUNS, cell_text, difference, flag, has, interval_text, key_texts,
+                           md_table, num, p_text, raw_interval, seeds, seeds_needed_text, sign, signed, slugs, unlisted,
+                           verdict_text, where)
 
 
 def _grid(analysis: Analysis, table: pd.DataFrame, sizes: list[str],
@@ -163,13 +164,13 @@ def _p_value_section(analysis: Analysis, section: str) -> list[str]:
         beside = [m for m in analysis.spec_of(metric).companions if m in values.columns]
         runs = values.dropna(subset=[metric]).reset_index()
         table = [[r["family"], r["size"], str(r["seed"]), *(num(r[m]) for m in beside), p_text(r[metric])]
-                 for _, r in runs.iterrows()]
+                 for _, r in runs.head(LISTED_RUNS).iterrows()]
         for (family, size), group in runs.groupby(["family", "size"]):
             fisher = stats.combine_pvalues(group[metric], method="fisher").pvalue
             table.append([family, size, f"all {len(group)} seeds (Fisher)", *(num(group[m].mean()) for m in beside),
                           p_text(fisher)])
         lines += [f"### {analysis.label(metric)}", "", *md_table(
-            ["family", "size", "seed", *(analysis.label(m) for m in beside), "p"], table), ""]
+            ["family", "size", "seed", *(analysis.label(m) for m in beside), "p"], table), *unlisted(len(runs)), ""]
     return lines
 
 

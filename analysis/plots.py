@@ -142,28 +142,37 @@ def _reference_lines(ax, references: pd.DataFrame) -> None:
                     annotation_clip=False)
 
 
+DOTS_MAX = 200  # seeds per cell up to which each is a dot; beyond, the cell's distribution is drawn
+
+
+def too_many_dots(values: pd.DataFrame) -> bool:
+    """Whether a cell has more seeds than can be told apart as dots (`seed_dots` summarises then)."""
+    return not values.empty and int(values.groupby(["group", "family"])["seed"].nunique().max()) > DOTS_MAX
+
+
 @_styled
 def seed_dots(values: pd.DataFrame, cells: pd.DataFrame, references: pd.DataFrame, families: Sequence[str],
               label: str) -> Figure | None:
     """One panel per group, x = family: a dot per seed, the same seed joined across families (the
     pairing), the cell mean with its t-interval beside the dots, and `references` (group, name,
-    value) as labelled horizontal lines."""
+    value) as labelled horizontal lines. With more than DOTS_MAX seeds in a cell, each family's
+    seeds are a box (quartiles, whiskers at the 5th and 95th percentiles) instead of dots."""
     if values.empty:
         return None
     groups = _groups(values)
     colours = _colours(families)
-    offsets = _seed_offsets(values["seed"])
+    boxes = too_many_dots(values)
+    offsets = _seed_offsets(values["seed"]) if not boxes else {}
     figure = Figure(figsize=(1.2 + 1.25 * len(families) * len(groups) + 1.3 * (not references.empty), 3.8),
                     layout="constrained")
     axes = figure.subplots(1, len(groups), squeeze=False, sharey=True)[0]
     for ax, group in zip(axes, groups):
         present = _present(families, values[values["group"] == group])
         x = {family: float(i) for i, family in enumerate(present)}
-        dots = values[values["group"] == group].assign(x=lambda d: d["family"].map(x) + d["seed"].map(offsets))
-        for _, seed in dots.sort_values("family", key=lambda f: f.map(x)).groupby("seed"):
-            ax.plot(seed["x"], seed["value"], color="0.55", linewidth=0.8, alpha=0.6, zorder=1)
-        ax.scatter(dots["x"], dots["value"], s=28, c=dots["family"].map(colours), zorder=2,
-                   edgecolors="white", linewidths=0.5)
+        if boxes:
+            _boxes(ax, values[values["group"] == group], x, colours)
+        else:
+            _dots(ax, values[values["group"] == group], x, offsets, colours)
         for cell in cells[cells["group"] == group].itertuples():
             at = x[cell.family] + 0.3
             ax.vlines(at, cell.ci_low, cell.ci_high, color="0.1", linewidth=1.4)
@@ -175,12 +184,34 @@ def seed_dots(values: pd.DataFrame, cells: pd.DataFrame, references: pd.DataFram
         ax.grid(axis="x", visible=False)
     axes[0].set_ylabel(label)
     level = cells["ci_level"].iloc[0] if not cells.empty else 0.95
-    legend = [Line2D([], [], marker="o", color="0.4", linestyle="", markersize=5, label="one seed"),
-              Line2D([], [], color="0.55", linewidth=0.8, label="same seed across families"),
-              Line2D([], [], marker="_", color="0.1", markersize=10, markeredgewidth=2,
-                     label=f"mean, {level:.0%} t-interval")]
+    legend = ([Patch(facecolor="0.85", edgecolor="0.3", label="seeds: quartiles, whiskers 5th-95th percentile")]
+              if boxes else
+              [Line2D([], [], marker="o", color="0.4", linestyle="", markersize=5, label="one seed"),
+               Line2D([], [], color="0.55", linewidth=0.8, label="same seed across families")])
+    legend.append(Line2D([], [], marker="_", color="0.1", markersize=10, markeredgewidth=2,
+                         label=f"mean, {level:.0%} t-interval"))
     figure.legend(handles=legend, loc="outside lower center", ncols=3)
     return figure
+
+
+def _dots(ax, values: pd.DataFrame, x: dict[str, float], offsets: dict[object, float], colours: dict[str, str]) -> None:
+    """A dot per seed, the same seed joined across families."""
+    dots = values.assign(x=lambda d: d["family"].map(x) + d["seed"].map(offsets))
+    for _, seed in dots.sort_values("family", key=lambda f: f.map(x)).groupby("seed"):
+        ax.plot(seed["x"], seed["value"], color="0.55", linewidth=0.8, alpha=0.6, zorder=1)
+    ax.scatter(dots["x"], dots["value"], s=28, c=dots["family"].map(colours), zorder=2,
+               edgecolors="white", linewidths=0.5)
+
+
+def _boxes(ax, values: pd.DataFrame, x: dict[str, float], colours: dict[str, str]) -> None:
+    """A box per family: its seeds' quartiles, whiskers at the 5th and 95th percentiles."""
+    for family, at in x.items():
+        box = ax.boxplot(values.loc[values["family"] == family, "value"].dropna().to_numpy(), positions=[at],
+                         widths=0.35, whis=(5, 95), showfliers=False, patch_artist=True, manage_ticks=False)
+        for patch in box["boxes"]:
+            patch.set(facecolor=colours[family], alpha=0.45, edgecolor="0.3")
+        for line in box["medians"]:
+            line.set(color="0.2")
 
 
 # ---- curves ------------------------------------------------------------------------------------

@@ -41,6 +41,14 @@ REFERENCE_PREFIX = "ngram"
 N_BOOT = 9_999
 BOOT_RELIABLE_N = 10  # below this BCa over seeds under-covers (0.74 at n=3, 0.92 at n=10)
 BOOT_NOMINAL_N = 20  # below this BCa over seeds is flagged approximate (0.92 at n=10, 0.94 at n=20)
+# Above this many seeds a cell is not resampled. It has no bootstrap interval: that exists to check
+# the t-interval on few, perhaps skewed, seeds, and with thousands the t-interval holds by the
+# central limit theorem, while BCa's cost grows with seeds squared (its jackknife) and its memory
+# with resamples x seeds. Its sign-flip p is the normal approximation of the sign-flip
+# distribution (mean 0, variance sum(delta^2) / n^2), which the resampled p only estimates with
+# noise at that size, at resamples x seeds the cost (minutes for 50,000 seeds).
+BOOT_MAX_N = 2_000
+PERMUTATION_BATCH = 2**24  # values of sign-flip resamples held at once (128 MB), for large cells
 SKEW_MIN_N = 5  # below this sample skewness cannot be told apart from normal noise: never flagged
 SKEW_STRONG = 1.0  # |skewness| above 1 is "highly skewed" (Bulmer's rule of thumb)
 HB_P_SIDED = "one-sided"  # hb_p is the share of draws with delta <= 0: a one-sided p-value
@@ -252,7 +260,8 @@ def summarize(df: pd.DataFrame, level: float = 0.95, n_boot: int = N_BOOT, seed:
         x = cell.sort_values("seed")["value"].to_numpy(float)
         n = len(x)
         ci = t_interval(x, level)
-        boot = bootstrap_ci(x, stable_rng(seed, *cell_values, "cell-bootstrap"), level, n_boot)
+        boot = (bootstrap_ci(x, stable_rng(seed, *cell_values, "cell-bootstrap"), level, n_boot)
+                if n <= BOOT_MAX_N else (math.nan, math.nan))
         metric = cell_values[-1]
         rows.append({
             **dict(zip(cell_columns, cell_values)),
@@ -260,7 +269,8 @@ def summarize(df: pd.DataFrame, level: float = 0.95, n_boot: int = N_BOOT, seed:
             "mean": float(np.mean(x)), "std": float(np.std(x, ddof=1)) if n > 1 else math.nan,
             "sem": float(stats.sem(x)) if n > 1 else math.nan, "ci_level": level,
             "ci_low": ci[0], "ci_high": ci[1], "boot_ci_low": boot[0], "boot_ci_high": boot[1],
-            "boot_method": "BCa", "n_boot": n_boot, "boot_reliable": n >= BOOT_RELIABLE_N,
+            "boot_method": "BCa" if n <= BOOT_MAX_N else f"none (over {BOOT_MAX_N} seeds)",
+            "n_boot": n_boot, "boot_reliable": n >= BOOT_RELIABLE_N,
             "boot_approximate": n < BOOT_NOMINAL_N, "single_seed": n == 1,
             "skewness": skewness(x), "skewed": is_skewed(x), "iqm": iqm(x),
         })
@@ -375,9 +385,16 @@ def p_min_mannwhitney(n_x: int, n_y: int) -> float:
 
 
 def _signflip_p(delta: np.ndarray, rng: np.random.Generator) -> float:
+    """The sign-flip test's p; a large cell's resamples are drawn in batches (the same draws, in
+    the same order, so the same p), which bounds the memory. Above BOOT_MAX_N pairs, its normal
+    approximation."""
+    if len(delta) > BOOT_MAX_N:
+        spread = math.sqrt(float(np.sum(delta ** 2)))
+        return float(2 * stats.norm.sf(abs(float(np.sum(delta))) / spread)) if spread > 0 else 1.0
     exact = 2 ** len(delta) <= EXACT_PERMUTATIONS
+    batch = PERMUTATION_BATCH // len(delta) if len(delta) * N_BOOT > PERMUTATION_BATCH else None
     result = stats.permutation_test((delta,), np.mean, permutation_type="samples", vectorized=True,
-                                    n_resamples=np.inf if exact else N_BOOT, rng=rng)
+                                    n_resamples=np.inf if exact else N_BOOT, rng=rng, batch=batch)
     return float(result.pvalue)
 
 

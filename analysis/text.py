@@ -53,6 +53,13 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ([f"| {' | '.join(header)} |", f"|{'---|' * len(header)}"]
             + [f"| {' | '.join(one_line(c) for c in row)} |" for row in rows])
 
+LISTED_RUNS = 200  # rows of one run each, at most, in a table of the report: a cell of 100,000 seeds stays readable
+
+def unlisted(rows: int) -> list[str]:
+    """The line under a table of one run a row, cut at LISTED_RUNS rows."""
+    return ([f"The first {LISTED_RUNS} of {rows} rows; results.parquet (table `runs`) has every run."]
+            if rows > LISTED_RUNS else [])
+
 def key_texts(row: pd.Series, keys: tuple[str, ...]) -> list[str]:
     """The row's cell-key values as text; "all" for a key the row does not depend on (reference rows)."""
     return [text(row[k]) if k in row.index else "all" for k in keys]

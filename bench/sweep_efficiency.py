@@ -89,9 +89,10 @@ def noop_runs(n: int, root: Path) -> tuple[list, Store, object]:
     return runs, store, cfgs[0].cluster.executor()
 
 
-def _store_free(job: str, run_id: str, store_root: str, cfg: object, *after: str, **_: object) -> str:
-    """Stands in for orchestrator.worker.execute: same task, no store work."""
-    return "done"
+def store_free(job: str, run_id: str, store_root: str, cfg: object, *after: object, **_: object) -> tuple[str, dict]:
+    """Stands in for orchestrator.worker.execute: same task, no store work; the state it returns
+    says the job is done, as the real one's would."""
+    return "done", {"jobs": {job: {"status": "done"}}}
 
 
 def overhead(n: int, root: Path, rounds: int) -> None:
@@ -116,7 +117,7 @@ def overhead(n: int, root: Path, rounds: int) -> None:
         return time.monotonic() - t0
 
     def store_free(*planned) -> float:
-        with mock.patch.object(ray_driver, "execute", _store_free):
+        with mock.patch.object(ray_driver, "execute", store_free):
             return full(*planned)
 
     cold = full(*stores["full", 0])  # its workers import torch and the job code first

@@ -6,6 +6,9 @@ target, so a reader (or a resumed job) sees the old file or the complete new one
 Durable (the default): the file is fsync'ed before the rename and its directory after it, so the
 write also survives a power cut; files rewritten soon anyway (progress, a job's start) and the
 results of jobs cheaper to rerun than to sync pass `durable=False`.
+Two kinds of file are written otherwise, each atomic in its own way: a file that must never
+replace another (`write_new`: the first of two racing processes wins), and a journal line
+(`append_line`: a line cut short has no newline, and readers skip it).
 Permissions: results are meant to be read by the group that shares a cluster store, so files are
 created 0644 (less what the user's umask removes); a file that holds a secret passes
 `mode=0o600`.
@@ -29,6 +32,25 @@ Writer = Callable[[IO[bytes]], None]  # writes the content to an open binary fil
 def write_atomic(path: Union[str, Path], data: Union[bytes, Writer], *, durable: bool = True,
                  mode: int = SHARED) -> None:
     """Write `data` (bytes, or a function that writes to a binary file) to `path` atomically."""
+    _publish(path, data, durable, mode, link=False)
+
+
+def write_new(path: Union[str, Path], data: bytes, *, durable: bool = True) -> bool:
+    """Create `path` with `data` atomically, only if nothing has that name yet; False if
+    something has (another process created it first). The temporary file is hard-linked to
+    `path`, which never replaces a file and is atomic on NFS and Lustre as on a local disk, then
+    removed. For files that are never rewritten, only superseded by a newer name (the store's
+    index snapshots), so that two processes can race for a name and exactly one wins."""
+    try:
+        _publish(path, data, durable, SHARED, link=True)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _publish(path: Union[str, Path], data: Union[bytes, Writer], durable: bool, mode: int, link: bool) -> None:
+    """Write a temporary file in `path`'s directory and rename it to `path` (or link it there,
+    which fails if `path` exists, then remove it)."""
     # Unique per writing thread, and cheaper than mkstemp's random names (thousands per sweep);
     # strings, because pathlib costs more than the system calls on the per-job path.
     directory, name = os.path.split(os.fspath(path))
@@ -48,13 +70,31 @@ def write_atomic(path: Union[str, Path], data: Union[bytes, Writer], *, durable:
                 file.flush()
                 if durable:
                     os.fsync(file.fileno())
-        os.replace(tmp, path)
+        (os.link if link else os.replace)(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if link:
+        os.unlink(tmp)
     if durable:
         _sync_directory(directory or ".")
+
+
+def append_line(path: Union[str, Path], line: bytes) -> None:
+    """Append one record, a line ending in a newline, to `path`, a journal with one writer.
+
+    Atomic as a record: a reader takes only the lines that end in a newline, so an append cut
+    short (a killed process, a full disk) is a last line without one, skipped; its writer must
+    then append to a new file, never after it. The file is opened and closed for each line:
+    closing hands the line to an NFS server, so a reader that opens the file later sees it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        view = memoryview(line)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: Union[bytes, bytearray, memoryview], durable: bool) -> None:
@@ -83,8 +123,19 @@ def write_json(path: Union[str, Path], obj: Any, *, durable: bool = True) -> Non
     write_atomic(path, (json.dumps(obj, sort_keys=True) + "\n").encode(), durable=durable)
 
 
+# libyaml's C emitter and parser where PyYAML has them: the same text, 10x faster (a sweep's
+# record lists every run id).
+DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def yaml_text(obj: Any) -> str:
+    """`obj` as YAML, keys in their order (what `write_yaml` writes)."""
+    return yaml.dump(obj, Dumper=DUMPER, sort_keys=False)
+
+
 def write_yaml(path: Union[str, Path], obj: Any, *, durable: bool = True) -> None:
-    write_atomic(path, yaml.safe_dump(obj, sort_keys=False).encode(), durable=durable)
+    write_atomic(path, yaml_text(obj).encode(), durable=durable)
 
 
 def write_text(path: Union[str, Path], text: str, *, durable: bool = True, mode: int = SHARED) -> None:
@@ -107,3 +158,9 @@ def read_json(path: Union[str, Path]) -> Optional[Any]:
         return json.loads(data)
     except ValueError as e:  # not JSON, or not even UTF-8
         raise ValueError(f"{path}: unreadable JSON ({e})") from None
+
+
+def read_yaml(path: Union[str, Path]) -> Any:
+    """A YAML file as `yaml.safe_load` reads it; raises FileNotFoundError and yaml.YAMLError."""
+    with open(path, "rb") as f:
+        return yaml.load(f.read(), Loader=LOADER)

@@ -106,6 +106,14 @@ def validate(run: Any) -> None:
         node.check(run)
 
 
+def validate_field(node: Any, name: str, value: Any) -> None:
+    """Check `value` against the declared constraints of field `name` of `node` (a dataclass), as
+    `validate` would: a config that changes in one leaf is checked without walking it all."""
+    constraints = node.__dataclass_fields__[name].metadata.get(CONSTRAINTS, Constraints())
+    if value is not None and (why := constraints.problem(value)):
+        raise ConfigError(f"{name}={_text(value)}: {why}")
+
+
 def _walk(node: Any, prefix: str, sections: list[Any]) -> None:
     if hasattr(node, "check"):
         sections.append(node)

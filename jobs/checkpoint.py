@@ -59,6 +59,27 @@ def save_checkpoint(state: Mapping, run_dir: Path, keep: int = 2) -> Path:
     return path
 
 
+def keep_final_weights(run_dir: Path) -> None:
+    """Once a run is done: keep only its newest checkpoint, without the optimizer state (two
+    thirds of an AdamW checkpoint, and only a resume reads it; a finished run never resumes).
+    Every step leaves a checkpoint that loads: the digest goes first (a checkpoint without one
+    is read unchecked), the stripped file replaces the full one atomically, its digest follows,
+    and only then are the older checkpoints removed. A checkpoint stripped already is left as it is."""
+    paths = checkpoint_paths(run_dir)
+    if not paths:
+        return
+    newest = paths[-1]
+    state = load_checkpoint(newest)
+    if "optimizer" in state:
+        del state["optimizer"]
+        integrity.sidecar(newest).unlink(missing_ok=True)
+        save_atomic(state, newest)
+        integrity.write_digest(newest)
+    for stale in paths[:-1]:
+        stale.unlink(missing_ok=True)
+        integrity.sidecar(stale).unlink(missing_ok=True)
+
+
 def _disk_full(error: BaseException | None) -> bool:
     """ENOSPC or EDQUOT, also behind the RuntimeError ("unexpected pos") of torch's zip writer."""
     while error is not None:

@@ -98,7 +98,8 @@ def restore(cfg: JobConfig, run_dir: Path, device: torch.device) -> tuple[Decode
            "validation": [], "chosen": None}
     if saved:
         model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+        if "optimizer" in saved:  # a finished run's final checkpoint has none: no step follows it
+            optimizer.load_state_dict(saved["optimizer"])
         run = {key: saved.get(key, default) for key, default in run.items()}  # checkpoints of before validation too
     return model, optimizer, run
 

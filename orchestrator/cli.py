@@ -9,16 +9,17 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 from rich.console import Console
 from rich.markup import escape
 
 from common.settings import ConfigError
-from orchestrator import config
-from orchestrator import sweep as sweeps
-from orchestrator import tracking, workspace
+from orchestrator.status import CHECKED, LISTED
 from orchestrator.store import Store, StoreError
+
+# The commands import what they need when they run: composing and reporting bring in Hydra, torch
+# and the analysis (seconds), which `status` has no use for.
 
 # Logs (CI, nohup) get a wide fixed width instead of rich's 80 columns, so tables stay readable.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
@@ -26,6 +27,8 @@ STORE_DEFAULT = "outputs"
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from orchestrator import sweep as sweeps
+
     sweep = sweeps.Sweep.compose(args.overrides, args.name, console)
     return sweep.dry_run() if args.dry_run else sweep.run()
 
@@ -37,28 +40,39 @@ def _store(args: argparse.Namespace) -> Store:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from orchestrator import sweep as sweeps
+
     store = _store(args)
     name = args.sweep or sweeps.latest(store)
     return sweeps.report(store, name, console)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator.status import status
+
     store = _store(args)
-    return sweeps.status(store, [args.sweep] if args.sweep else store.sweeps(), console)
+    return status(store, [args.sweep] if args.sweep else store.sweeps(), console, check=args.check or None,
+                  every=args.all)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """scancel a sweep's Slurm jobs; the same `sweep` command resubmits and resumes it."""
+    from orchestrator import sweep as sweeps
+
     return sweeps.cancel(_store(args), args.sweep, console)
 
 
 def cmd_run_one(args: argparse.Namespace) -> int:
     """One run's jobs in this process (a cluster=slurm_array task)."""
+    from orchestrator import sweep as sweeps
+
     return sweeps.run_one(args.store, args.run_id)
 
 
 def cmd_wandb_sync(args: argparse.Namespace) -> int:
     """Upload a sweep's offline W&B runs: `wandb sync` on their run directories."""
+    from orchestrator import tracking
+
     store = _store(args)
     dirs = tracking.offline_runs(store, args.sweep)
     where = store.root / tracking.WANDB_DIR
@@ -83,16 +97,30 @@ def cmd_wandb_sync(args: argparse.Namespace) -> int:
 
 def cmd_wandb_dashboard(args: argparse.Namespace) -> int:
     """The sweep's saved W&B workspace (orchestrator/workspace.py)."""
+    from orchestrator import sweep as sweeps
+    from orchestrator import workspace
+
     store = _store(args)
     store.read_sweep(args.sweep)
     return workspace.publish(store, args.sweep, sweeps.latest_tracker(store, args.sweep), console)
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage mistakes in one line, like every other error (exit 2)."""
+    """Usage mistakes in one line, like every other error (exit 2). With `groups`, the help ends
+    with the config groups, listed only when the help is shown (listing them imports every
+    component)."""
+
+    def __init__(self, *args: Any, groups: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.groups = groups
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+    def format_help(self) -> str:
+        if self.groups:
+            self.epilog, self.groups = f"{_groups_text()}\n\n{self.epilog}", False
+        return super().format_help()
 
 
 def _store_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,6 +139,8 @@ MANUAL = "The manual is docs/ (`make docs` builds it as a site)"
 
 def _groups_text() -> str:
     """The config groups and their options, as a Hydra app's --help lists them."""
+    from orchestrator import config
+
     groups = config.config_groups()
     width = max(map(len, groups)) + 1
     return "\n".join(["== Configuration groups ==", "Choose one option per group (group=option, or several to"
@@ -121,15 +151,15 @@ def _groups_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m orchestrator", description=DESCRIPTION,
-                     epilog=f"{_groups_text()}\n\n{MANUAL}: getting-started.md first, then sweeps.md, store.md,"
+    parser = _Parser(prog="python -m orchestrator", description=DESCRIPTION, groups=True,
+                     epilog=f"{MANUAL}: getting-started.md first, then sweeps.md, store.md,"
                             " statistics.md, clusters.md, tracking.md.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("sweep", help="compose the grid and run every job not yet done",
                        description="Compose the grid of runs from conf/ and the overrides, and run every job"
                                    " not yet done (a sweep resumes where it stopped).",
-                       epilog=f"{_groups_text()}\n\n{MANUAL}: sweeps.md (the grid grammar, names, adaptive"
+                       groups=True, epilog=f"{MANUAL}: sweeps.md (the grid grammar, names, adaptive"
                               " seeding), clusters.md (where runs go).",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. family=lidas,dense seed=range(0,5)")
@@ -154,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("run_id" if cmd == "run-one" else "sweep", nargs=nargs, help=what)
         _store_arguments(p)
         p.set_defaults(fn=fn)
+        if cmd == "status":
+            p.add_argument("--check", action="store_true",
+                           help=f"check every run's files, as the next sweep does (the default up to {CHECKED} runs; "
+                                f"a larger sweep is read from the store's index)")
+            p.add_argument("--all", action="store_true",
+                           help=f"a line for every run (default: every run up to {LISTED}, else those not done or pending)")
     return parser
 
 

@@ -7,11 +7,12 @@ A run config is a job's config (jobs/config.py) plus where and how the run happe
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -23,7 +24,8 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from common.settings import ConfigError, from_dict, known_part, require, section, typed_node, validate
+from common.settings import (ConfigError, from_dict, known_part, require, section, typed_node, validate,
+                             validate_field)
 from jobs.config import JobConfig, choice
 from jobs.evals import EVALUATIONS
 from orchestrator.adaptive import AdaptiveConfig
@@ -85,31 +87,93 @@ def compose_runs(points: list[list[str]]) -> list[RunConfig]:
     Hydra composes in two steps: the group choices build the config from conf/, then the value
     overrides are applied to it in order. This does the same, with Hydra's own classification
     and application of the overrides, only on a copy of a cached first step, typed first: a
-    value of the wrong type or an unknown key fails as it would after Hydra."""
-    loader = GlobalHydra.instance().config_loader()
-    parser = OverridesParser.create(config_loader=loader)
-    bases: dict[tuple[str, ...], DictConfig] = {}
-    parsed_once: dict[str, Override] = {}
-    configs = []
-    for overrides in points:
+    value of the wrong type or an unknown key fails as it would after Hydra.
+
+    Seeds go further: points that differ only in a plain `seed=<n>` are the first such point
+    with its seed replaced (`_Grid.seeded`), unless the config interpolates the seed. A grid of
+    100,000 seeds then composes one config, and its configs share every section object: they
+    are read-only (copy one before changing it)."""
+    grid = _Grid()
+    return [grid.compose(overrides) for overrides in points]
+
+
+class _Grid:
+    """The composition caches of one grid: parsed overrides, composed group choices, and the
+    seed-free part of each point."""
+
+    def __init__(self) -> None:
+        self.loader = GlobalHydra.instance().config_loader()
+        self.parser = OverridesParser.create(config_loader=self.loader)
+        self.bases: dict[tuple[str, ...], DictConfig] = {}
+        self.parsed: dict[str, Override] = {}
+        self.seeded: dict[tuple[str, ...], Optional[RunConfig]] = {}  # None: the seed is interpolated
+
+    def compose(self, overrides: list[str]) -> RunConfig:
+        seed, others = _plain_seed(overrides)
+        if seed is None:
+            return _finished(self.node(overrides))
+        if others not in self.seeded:
+            node = self.node(overrides)
+            self.seeded[others] = None if _interpolates_seed(node) else _finished(node)
+        first = self.seeded[others]
+        return _finished(self.node(overrides)) if first is None else with_seed(first, seed)
+
+    def node(self, overrides: list[str]) -> DictConfig:
+        """The typed config of the overrides before interpolations are resolved."""
         try:
             for o in overrides:
-                if o not in parsed_once:
-                    parsed_once[o] = parser.parse_overrides([o])[0]
+                if o not in self.parsed:
+                    self.parsed[o] = self.parser.parse_overrides([o])[0]
         except HydraException as e:
             raise ConfigError(_first_line(e)) from None
-        parsed = [parsed_once[o] for o in overrides]
+        parsed = [self.parsed[o] for o in overrides]
         # An added or deleted key must meet the schema after Hydra: such a point is composed whole.
         whole = any(o.is_add() or o.is_force_add() or o.is_delete() for o in parsed)
-        is_value = [not whole and _is_value_override(o, loader.repository) for o in parsed]
+        is_value = [not whole and _is_value_override(o, self.loader.repository) for o in parsed]
         values = [o for o, v in zip(parsed, is_value) if v]
         choices = tuple(o.input_line for o, v in zip(parsed, is_value) if not v)
-        if choices not in bases:
-            bases[choices] = _typed(_composed(list(choices), overrides))
-        node = copy.deepcopy(bases[choices])
+        if choices not in self.bases:
+            self.bases[choices] = _typed(_composed(list(choices), overrides))
+        node = copy.deepcopy(self.bases[choices])
         apply_value_overrides(node, values)
-        configs.append(_finished(node))
-    return configs
+        return node
+
+
+# `seed=<n>` as Hydra's grammar reads an int (no sign, no leading zero, no underscore)
+PLAIN_SEED = re.compile(r"seed=(0|[1-9][0-9]*)")
+
+
+def _plain_seed(overrides: list[str]) -> tuple[Optional[int], tuple[str, ...]]:
+    """The seed of a point whose only seed override is a plain `seed=<n>`, and its other
+    overrides; (None, ()) for any other point."""
+    seeds = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "seed"]
+    match = PLAIN_SEED.fullmatch(seeds[0]) if len(seeds) == 1 else None
+    if match is None:
+        return None, ()
+    return int(match.group(1)), tuple(o for o in overrides if o is not seeds[0])
+
+
+def _interpolates_seed(node: DictConfig) -> bool:
+    """Whether any value of the config interpolates something named seed (then a seed changes
+    more than its own key, and each point is composed whole)."""
+    def strings(value: Any) -> Iterator[str]:
+        if isinstance(value, dict):
+            for v in value.values():
+                yield from strings(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from strings(v)
+        elif isinstance(value, str):
+            yield value
+    return any("${" in s and "seed" in s for s in strings(OmegaConf.to_container(node, resolve=False)))
+
+
+def with_seed(config: RunConfig, seed: int) -> RunConfig:
+    """`config` with another seed, checked against the seed's declared constraint; it shares
+    every section with `config` (the seed is a leaf: no section derives or checks anything
+    from it)."""
+    validate_field(config, "seed", seed)
+    return dataclasses.replace(config, seed=seed)
 
 
 def typed_run(composed: DictConfig) -> RunConfig:

@@ -23,7 +23,7 @@ import copy
 import dataclasses
 import hashlib
 import json
-from typing import Any
+from typing import Any, Callable, Optional
 
 from jobs.evals import EVALUATIONS
 
@@ -79,7 +79,54 @@ def semantic_config(cfg: Any) -> dict:
 
 def run_id(cfg: Any) -> str:
     """12 hex digits of sha256 over the canonical JSON of the semantic config (key order free)."""
-    return _digest(semantic_config(cfg))
+    return _hash(_canonical(semantic_config(cfg)))
+
+
+def run_ids(configs: list[Any]) -> list[str]:
+    """`run_id` of each config; the seed variants of one config are serialised once."""
+    canonical = SeedTemplates(lambda cfg: _canonical(semantic_config(cfg)))
+    return [_hash(canonical(cfg)) for cfg in configs]
+
+
+class PerSiblings:
+    """`compute(cfg)` once per group of configs that differ at most in their seed.
+
+    A grid's seed variants share every section object (orchestrator/config.py `with_seed`), so
+    configs whose fields other than the seed are the same objects are one config but for the
+    seed. Configs that share nothing are each computed, as they would be without this."""
+
+    def __init__(self, compute: Callable[[Any], Any]):
+        self.compute = compute
+        # sibling key -> (a config of the group, kept so that the ids in the key stay its own; value)
+        self.values: dict[tuple[int, ...], tuple[Any, Any]] = {}
+
+    def __call__(self, cfg: Any) -> Any:
+        key = tuple(id(value) for name, value in vars(cfg).items() if name != "seed")
+        if key not in self.values:
+            self.values[key] = (cfg, self.compute(cfg))
+        return self.values[key][1]
+
+
+# An int no config holds, rendered where a config's seed goes (the seed is an int at the top).
+SEED_MARK = 7_301_989_252_113_573
+
+
+class SeedTemplates:
+    """`render(cfg)` for many seed variants: each group's text is rendered once with `SEED_MARK`
+    for the seed and split around it; a config's text is then the seed's digits put in between
+    (an int renders as its digits in JSON and YAML alike)."""
+
+    def __init__(self, render: Callable[[Any], str]):
+        self.render = render
+        self.parts = PerSiblings(self._split)
+
+    def _split(self, cfg: Any) -> Optional[tuple[str, str]]:
+        parts = self.render(dataclasses.replace(cfg, seed=SEED_MARK)).split(str(SEED_MARK))
+        return (parts[0], parts[1]) if len(parts) == 2 else None  # None: rendered whole
+
+    def __call__(self, cfg: Any) -> str:
+        parts = self.parts(cfg)
+        return self.render(cfg) if parts is None else f"{parts[0]}{cfg.seed}{parts[1]}"
 
 
 def settings_digest(cfg: Any, job: str) -> str | None:
@@ -100,8 +147,15 @@ def settings_digest(cfg: Any, job: str) -> str | None:
 
 
 def _digest(obj: Any) -> str:
-    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    return _hash(_canonical(obj))
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def run_label(cfg: Any) -> str:

@@ -5,13 +5,13 @@ by the size's `resources` (nodes x processes per node), each evaluation by `eval
 process). Planning only reads the store; executors run what it says."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from common.settings import ConfigError
 from jobs.flops import schedule_flops
 from jobs.resources import Resources
-from orchestrator.identity import run_id, run_label, settings_digest
+from orchestrator.identity import PerSiblings, run_ids, run_label, settings_digest
 from orchestrator.store import DONE, Store
 
 
@@ -22,7 +22,6 @@ class PlannedRun:
     config: Any  # RunConfig
     todo: list[str]
     cost: float
-    state: dict = field(default_factory=dict)
 
     @property
     def cached(self) -> bool:
@@ -78,17 +77,20 @@ def done(state: dict, job: str, cfg: Any) -> bool:
 
 
 def plan(configs: list[Any], store: Store) -> list[PlannedRun]:
-    """One PlannedRun per distinct run id, with the jobs not yet done (read-only)."""
+    """One PlannedRun per distinct run id, with the jobs not yet done (read-only). A run's
+    directory is made by its first job, so only the runs that have one are read."""
     planned: dict[str, PlannedRun] = {}
-    for cfg in configs:
-        rid = run_id(cfg)
+    started = store.started_runs()
+    cost = PerSiblings(estimated_flops)
+    for cfg, rid in zip(configs, run_ids(configs)):
         if rid in planned:
             continue
-        state = store.read_state(rid)
-        todo = [j for j in jobs_of(cfg) if not done(state, j, cfg)]
-        if store.problems(rid):  # damaged files: every job reruns (worker.execute recovers them)
-            todo = jobs_of(cfg)
-        planned[rid] = PlannedRun(rid, run_label(cfg), cfg, todo, estimated_flops(cfg), state)
+        todo = jobs_of(cfg)
+        # damaged files: every job reruns (worker.execute recovers them)
+        if rid in started and not store.problems(rid):
+            state = store.read_state(rid)
+            todo = [j for j in todo if not done(state, j, cfg)]
+        planned[rid] = PlannedRun(rid, run_label(cfg), cfg, todo, cost(cfg))
     return list(planned.values())
 
 

@@ -1,12 +1,14 @@
 """The live view of a sweep: counts per state and one line per running job (step, loss, ETA).
 
-It reads only the store (state.json and progress.json), the same files `status` reads."""
+It reads only the store (state.json and progress.json of the runs in flight), the same files
+`status` reads; the counts are the driver's."""
 from __future__ import annotations
 
 import datetime as dt
 import os
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 
 from rich.console import Group
 from rich.markup import escape
@@ -46,30 +48,38 @@ class States:
         return seen[1]
 
 
-def render(runs: list[PlannedRun], states: States, outcome: dict[str, str], started: float) -> Group:
-    counts: Counter = Counter()
+@dataclass
+class Tally:
+    """What the driver knows of its runs without reading the store: how many, which were cached,
+    how those it ran ended, and which have a job in flight (the only ones that can be running)."""
+    runs: int
+    cached: int
+    ended: dict[str, str] = field(default_factory=dict)  # run id -> done or failed
+    active: dict[str, PlannedRun] = field(default_factory=dict)
+
+
+ROWS = 20  # running jobs shown in the live view
+
+
+def render(tally: Tally, states: States, started: float) -> Group:
+    """The counts and a row per running job; reads only the states of the runs in flight, so a
+    refresh costs the same for 100 runs or 100,000."""
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("run", "id", "job", "step", "loss", "layers", "tok/s", "eta"):
         table.add_column(col, justify="right" if col not in ("run", "id", "job") else "left")
-    for r in runs:
-        if r.cached:
-            counts["cached"] += 1
-            continue
-        if r.run_id in outcome:
-            counts[outcome[r.run_id]] += 1
-            continue
-        status = states(r.run_id).get("status", PENDING)
-        counts[status if status in (RUNNING, DONE, FAILED) else PENDING] += 1
-        if status == RUNNING:
-            p = states.store.read_progress(r.run_id)
-            step = f"{p.get('step', 0)}/{p.get('total_steps', '?')}" if "step" in p else "-"
-            loss = f"{p['loss']:.3f}" if "loss" in p else "-"
-            table.add_row(r.label, r.run_id, p.get("job", "?"), step, loss,
-                          str(p.get("n_layers", "-")), f"{p.get('tokens_per_s', 0):,.0f}",
-                          _eta(p.get("eta_s")))
-    order = ("cached", DONE, RUNNING, PENDING, FAILED)
-    summary = "  ".join(f"{k} {counts[k]}" for k in order if counts[k])
-    header = Text(f"{len(runs)} runs  {summary}  elapsed {_eta(time.monotonic() - started)}")
+    running = [r for r in tally.active.values() if states(r.run_id).get("status") == RUNNING]
+    for r in running[:ROWS]:
+        p = states.store.read_progress(r.run_id)
+        step = f"{p.get('step', 0)}/{p.get('total_steps', '?')}" if "step" in p else "-"
+        loss = f"{p['loss']:.3f}" if "loss" in p else "-"
+        table.add_row(r.label, r.run_id, p.get("job", "?"), step, loss, str(p.get("n_layers", "-")),
+                      f"{p.get('tokens_per_s', 0):,.0f}", _eta(p.get("eta_s")))
+    ended = Counter(tally.ended.values())
+    counts = {"cached": tally.cached, DONE: ended[DONE], RUNNING: len(running),
+              PENDING: tally.runs - tally.cached - len(tally.ended) - len(running), FAILED: ended[FAILED]}
+    summary = "  ".join(f"{k} {n}" for k, n in counts.items() if n)
+    more = f"  ({len(running) - ROWS} more running)" if len(running) > ROWS else ""
+    header = Text(f"{tally.runs} runs  {summary}  elapsed {_eta(time.monotonic() - started)}{more}")
     return Group(header, table) if table.row_count else Group(header)
 
 

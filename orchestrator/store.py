@@ -1,20 +1,27 @@
 """The results store: a directory tree that is the single source of truth of every sweep.
 
-    <root>/store.json                  {"format_version": 2}
-    <root>/runs/<run_id>/config.yaml   resolved config
-    <root>/runs/<run_id>/state.json    per job: status, attempts, start/end times, host, pid, error
+    <root>/store.json                  {"format_version": 3}
+    <root>/runs/<run_id>/config.yaml   resolved config (written by the run's first job)
+    <root>/runs/<run_id>/state.json    per job: status, attempts, start/end times, host, pid, error;
+                                       `version`, which grows with every write
     <root>/runs/<run_id>/metrics.json  {"metrics", "higher_is_better", "curves", "specs",
                                        "curve_specs"} merged over jobs (specs: common/metrics.py)
     <root>/runs/<run_id>/history.parquet, items/<eval>.parquet, checkpoints/, progress.json
     <root>/sweeps/<name>/sweep.yaml    overrides given (every invocation) and run ids
+    <root>/sweeps/<name>/configs/      each invocation's run configs, one file (`record_sweep`)
+    <root>/index/                      every run's latest status (orchestrator/index.py)
+
+A run's directory is made by its first job, not by planning: planning 100,000 runs writes one
+configs file instead of 100,000 directories (and a shared filesystem makes each one slow).
 
 Every write goes through common/atomic.py (temp file in the same directory, rename), so a killed
 process leaves either the old or the new file. Writes worth more than a rerun (sweep records,
 the results of a job that ran a second or more) are also fsync'ed to survive a power cut; a lost
-unsynced write reads as a missing or unreadable file, and the job reruns.
+unsynced write reads as a missing or unreadable file, and the job reruns. Each state.json write
+is followed by its record in the index, which `status` reads instead of every run's files.
 
-Format 1 stores lacked the metric specs in metrics.json; `upgrade` adds them from the jobs'
-declarations the first time a sweep or a report writes to such a store.
+Older formats are upgraded by orchestrator/upgrade.py the first time a sweep or a report writes
+to such a store.
 
 A job claims its run with an exclusive `flock` on `runs/<id>/.lock` for as long as it works on
 it: the kernel releases it when the process dies, so a claim can never go stale on a local or
@@ -31,20 +38,23 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
-import glob
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import yaml
 
-from common.atomic import read_json, write_json, write_yaml
-from common.settings import setting
+from common.atomic import read_json, read_yaml, write_json, write_text, write_yaml, yaml_text
+from common.settings import setting, to_dict
+from common.sweep_configs import CONFIGS, SweepConfigs, read_sweep_configs
 from jobs import integrity
+from orchestrator import index
+from orchestrator.identity import PerSiblings
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
     "done", "failed", "running", "pending", "interrupted", "corrupt")
 WAITING = "waiting"  # a multi-node job whose nodes the cluster cannot give now (`waiting_for` says what)
@@ -57,6 +67,10 @@ class StoreError(RuntimeError):
 @dataclass
 class StoreConfig:
     root: str = setting()  # a directory; on a cluster, on the filesystem every node shares
+    # What a run keeps of its checkpoints once every job of it is done (training keeps its last two
+    # either way, to resume): `final_weights`, the last one without its optimizer state (all an
+    # evaluation reads, jobs/checkpoint.py `keep_final_weights`); `last_two`, both as they are.
+    keep_checkpoints: str = setting("final_weights", choices=("final_weights", "last_two"))
 
 
 def now() -> str:
@@ -67,7 +81,7 @@ class Store:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.runs = self.root / "runs"
-        self._runs = os.fspath(self.runs)
+        self._root, self._runs = os.fspath(self.root), os.fspath(self.runs)
 
     # -- the store as a whole ------------------------------------------------------------------
     def check(self) -> None:
@@ -91,6 +105,7 @@ class Store:
         try:
             self.runs.mkdir(parents=True, exist_ok=True)
             (self.root / "sweeps").mkdir(parents=True, exist_ok=True)
+            os.makedirs(index.directory(self._root), exist_ok=True)
             if not (self.root / "store.json").exists():
                 write_json(self.root / "store.json", {"format_version": FORMAT_VERSION})
             probe = self.runs / f".write-test-{os.getpid()}"
@@ -110,19 +125,34 @@ class Store:
         return os.path.join(self._runs, run_id, name)
 
     def _checkpoints(self, run_id: str) -> list[str]:
-        return sorted(glob.glob(os.path.join(glob.escape(self.run_file(run_id, "checkpoints")), "step_*.pt")))
+        """The run's checkpoint files, oldest first (one listing: `report` checks 100,000 runs)."""
+        directory = self.run_file(run_id, "checkpoints")
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        return sorted(os.path.join(directory, n) for n in names if n.startswith("step_") and n.endswith(".pt"))
 
-    def write_config(self, run_id: str, cfg: Any) -> None:
-        """The run's resolved config (a typed config or its dict), once: it never changes."""
+    def write_config(self, run_id: str, cfg: Any, text: Optional[str] = None) -> None:
+        """The run's resolved config (`text`, or `config_yaml(cfg)`), once: it never changes.
+        Not fsync'ed: the sweep's configs file holds it durably, and a job writes it again."""
         path = self.run_file(run_id, "config.yaml")
         if not os.path.exists(path):
-            write_yaml(path, dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg)
+            write_text(path, text if text is not None else config_yaml(cfg), durable=False)
 
     def read_config(self, run_id: str) -> dict:
-        return yaml.safe_load((self.run_dir(run_id) / "config.yaml").read_text())
+        return read_yaml(self.run_file(run_id, "config.yaml"))
 
     def run_ids(self) -> list[str]:
         return sorted(p.name for p in self.runs.iterdir() if p.is_dir()) if self.runs.exists() else []
+
+    def started_runs(self) -> set[str]:
+        """The runs that have a directory: a job has claimed them (or a store of format 2 or
+        earlier planned them). One listing, not a look-up per run."""
+        try:
+            return set(os.listdir(self._runs))
+        except FileNotFoundError:
+            return set()
 
     def read_state(self, run_id: str) -> dict:
         """The run's state; a corrupt file reads as status `corrupt` (never raises)."""
@@ -150,8 +180,16 @@ class Store:
         state["status"] = run_status([state["jobs"].get(j, {}).get("status", PENDING) for j in jobs])
         state["error"] = next((state["jobs"][j].get("error") for j in jobs
                                if state["jobs"].get(j, {}).get("status") == FAILED), None)
-        write_json(self.run_file(run_id, "state.json"), state, durable=durable)
+        self._write_state(run_id, state, durable)
         return state
+
+    def _write_state(self, run_id: str, state: dict, durable: bool = True) -> None:
+        """state.json, then its record in the index. `version` orders the records of a run: one
+        more than the state's last, and at least the time in milliseconds, so a state rebuilt
+        after damage (its count lost) still outranks the records of the one it replaces."""
+        state["version"] = max(state.get("version", 0) + 1, time.time_ns() // 1_000_000)
+        write_json(self.run_file(run_id, "state.json"), state, durable=durable)
+        index.journal(self._root).append(run_id, index.record(state))
 
     def start_job(self, run_id: str, job: str, jobs: list[str], state: Optional[dict] = None,
                   **fields: Any) -> dict:
@@ -168,26 +206,10 @@ class Store:
         return self.update_job(run_id, job, jobs, durable, state, status=FAILED if error else DONE,
                                ended_at=now(), error=error, **fields)
 
-    @contextlib.contextmanager
-    def claim(self, run_id: str, wait: bool = True) -> Iterator[bool]:
+    def claim(self, run_id: str, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
         """Exclusive claim of a run; yields False (without blocking) if `wait` is False and
         another process holds it."""
-        path = self.run_file(run_id, ".lock")
-        try:
-            f = open(path, "a")
-        except FileNotFoundError:  # a run no job has claimed yet
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            f = open(path, "a")
-        with f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        return _flock(self.run_file(run_id, ".lock"), wait)
 
     def is_claimed(self, run_id: str) -> bool:
         if not os.path.exists(self.run_file(run_id, ".lock")):
@@ -222,9 +244,9 @@ class Store:
     # -- damage: found by parse checks and digests, repaired by rerunning -----------------------
     def problems(self, run_id: str) -> list[str]:
         """What is wrong with the run's files, one line each; cheap (no checkpoint is hashed)."""
-        return self._inspect(run_id)[0]
+        return self.inspect(run_id)[0]
 
-    def _inspect(self, run_id: str) -> tuple[list[str], Optional[dict]]:
+    def inspect(self, run_id: str) -> tuple[list[str], Optional[dict]]:
         """The run's problems, and its state as parsed (None when missing or unreadable)."""
         found, parsed = [], {}
         for name in ("state.json", "metrics.json"):
@@ -246,7 +268,7 @@ class Store:
         """Undo the run's problems (the caller holds its claim): bad files are moved aside and
         every job is set to do again, keeping its attempt count. Returns the run's state, with
         the problems found this time last in its `recovered` list."""
-        found, state = self._inspect(run_id)
+        found, state = self.inspect(run_id)
         if not found:
             return state or _untouched(run_id)
         run_dir, state = self.run_dir(run_id), state or {}
@@ -259,11 +281,11 @@ class Store:
             if bad := integrity.problem(path, full=False):
                 integrity.quarantine(path, bad)
         old = state.get("jobs", {})
-        state = {"run_id": run_id, "status": PENDING, "error": None,
+        state = {"run_id": run_id, "status": PENDING, "error": None, "version": state.get("version", 0),
                  "jobs": {j: {"status": PENDING, "attempts": old.get(j, {}).get("attempts", 0)}
                           for j in dict.fromkeys([*jobs, *old])},
                  "recovered": state.get("recovered", []) + [{"at": now(), "problem": p} for p in found]}
-        write_json(run_dir / "state.json", state)
+        self._write_state(run_id, state)
         return state
 
     def recovered(self, run_id: str) -> list[str]:
@@ -298,38 +320,95 @@ class Store:
             known = ", ".join(self.sweeps()) or "none yet"
             raise StoreError(f"no sweep named {name!r} in {self.root}; known sweeps: {known}")
         try:
-            return yaml.safe_load(path.read_text())
+            return read_yaml(path)
         except yaml.YAMLError as e:
             raise StoreError(f"{path}: unreadable ({str(e).splitlines()[0]}); restore it from a "
                              f"backup or delete it and run the sweep again") from None
 
-    def record_sweep(self, name: str, overrides: list[str], run_ids: list[str]) -> dict:
-        """Create or extend a sweep: run ids are a growing set, each invocation is recorded."""
-        path = self.sweep_dir(name) / "sweep.yaml"
-        sweep = yaml.safe_load(path.read_text()) if path.exists() else {
-            "name": name, "created_at": now(), "format_version": FORMAT_VERSION,
-            "invocations": [], "run_ids": []}
-        sweep["invocations"].append({"at": now(), "overrides": list(overrides)})
-        sweep["overrides"] = list(overrides)
-        sweep["run_ids"] = list(dict.fromkeys(sweep["run_ids"] + run_ids))
-        write_yaml(path, sweep)
-        return sweep
+    def record_sweep(self, name: str, overrides: list[str], run_ids: list[str],
+                     configs: Optional[list[Any]] = None) -> dict:
+        """Create or extend a sweep: run ids are a growing set, each invocation is recorded, and
+        the configs of its runs (`configs`, in the order of `run_ids`) are written in one file
+        (common/sweep_configs.py)."""
+        if configs is not None:
+            stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+            write_json(self.sweep_dir(name) / CONFIGS / f"{stamp}-{os.getpid()}.json",
+                       configs_record(run_ids, configs))
+
+        def extend(sweep: Optional[dict]) -> dict:
+            sweep = sweep or {"name": name, "created_at": now(), "format_version": FORMAT_VERSION,
+                              "invocations": [], "run_ids": []}
+            sweep["invocations"].append({"at": now(), "overrides": list(overrides)})
+            sweep["overrides"] = list(overrides)
+            sweep["run_ids"] = list(dict.fromkeys(sweep["run_ids"] + run_ids))
+            return sweep
+        return self._change_sweep(name, extend)
 
     def record_look(self, name: str, look: dict) -> dict:
         """Append one look of an adaptive sweep (its seeds, decision and verdicts)."""
-        path = self.sweep_dir(name) / "sweep.yaml"
-        sweep = yaml.safe_load(path.read_text())
-        sweep.setdefault("looks", []).append({"at": now(), **look})
-        write_yaml(path, sweep)
-        return sweep
+        return self._change_sweep(name, lambda sweep: {**sweep, "looks": [*sweep.get("looks", []),
+                                                                          {"at": now(), **look}]})
 
     def record_slurm_job(self, name: str, job: dict) -> dict:
         """Append one submitted Slurm job of the sweep (id, kind, script; orchestrator/executors/slurm_tools.py)."""
+        return self._change_sweep(name, lambda sweep: {**sweep, "slurm_jobs": [*sweep.get("slurm_jobs", []), job]})
+
+    def _change_sweep(self, name: str, change: Callable[[Optional[dict]], dict]) -> dict:
+        """Read, change and write sweep.yaml under the sweep's flock, so that two drivers
+        extending one sweep at once both land."""
         path = self.sweep_dir(name) / "sweep.yaml"
-        sweep = yaml.safe_load(path.read_text())
-        sweep.setdefault("slurm_jobs", []).append(job)
-        write_yaml(path, sweep)
+        os.makedirs(path.parent, exist_ok=True)
+        with _flock(os.fspath(path.parent / ".lock"), wait=True):
+            sweep = change(read_yaml(path) if path.exists() else None)
+            write_yaml(path, sweep)
         return sweep
+
+    def sweep_configs(self, name: str) -> SweepConfigs:
+        return read_sweep_configs(self.sweep_dir(name))
+
+
+def config_dict(cfg: Any) -> dict:
+    """What a run's config.yaml holds: its resolved config, without the sweep that runs it
+    (`tracker.sweep`, its W&B group), so a run shared by sweeps has one config."""
+    plain = to_dict(cfg)
+    plain["tracker"]["sweep"] = None
+    return plain
+
+
+def config_yaml(cfg: Any) -> str:
+    return yaml_text(config_dict(cfg))
+
+
+def configs_record(run_ids: list[str], configs: list[Any]) -> dict:
+    """The configs file of these runs: each group of seed variants' config once."""
+    plain: list[dict] = []
+
+    def add(cfg: Any) -> int:
+        plain.append(config_dict(cfg))
+        return len(plain) - 1
+    group = PerSiblings(add)
+    return {"configs": plain, "runs": {run_id: [group(cfg), cfg.seed] for run_id, cfg in zip(run_ids, configs)}}
+
+
+@contextlib.contextmanager
+def _flock(path: str, wait: bool) -> Iterator[bool]:
+    """An exclusive flock on `path` (created if missing) while the block runs; yields False
+    (without blocking) if `wait` is False and another process holds it."""
+    try:
+        f = open(path, "a")
+    except FileNotFoundError:  # a run no job has claimed yet
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        f = open(path, "a")
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _untouched(run_id: str) -> dict:

@@ -18,9 +18,7 @@ import sys
 from collections import Counter
 from typing import Any, Optional
 
-import yaml
 from rich.console import Console
-from rich.table import Table
 
 import analysis
 from common.atomic import write_json
@@ -30,9 +28,10 @@ from jobs.flops import flop_ratio
 from orchestrator import grid, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, recorded_executor
-from orchestrator.identity import run_id
-from orchestrator.plan import PlannedRun, done, gpu_hours, jobs_of, plan, resources_text
-from orchestrator.store import CORRUPT, DONE, FAILED, WAITING, Store, StoreError
+from orchestrator.identity import run_id, settings_digest
+from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_text
+from orchestrator.status import LISTED
+from orchestrator.store import DONE, FAILED, Store, StoreError
 from orchestrator.upgrade import upgrade
 from orchestrator.worker import execute
 
@@ -87,13 +86,18 @@ class Sweep:
             self.console.print(f"adaptive sweep on {a.metric}: looks at {a.schedule} seeds, level "
                                f"{1 - a.alpha / len(a.schedule):.4f} per look; first look:")
         runs = plan(self.first_configs(), self.store)
-        for r in runs:
+        for r in runs[:LISTED]:
             c = r.config
             hours = f"{gpu_hours(c):,.0f} GPU h" if c.resources.gpus > 0 else "CPU"
             self.console.print(f"{r.run_id}  {c.family.name:<7} {c.model.name:<6} seed={c.seed:<3} "
                                f"{resources_text(c)}  {r.cost:.2e} FLOPs {hours}  "
                                f"{'cached' if r.cached else 'new'}")
         new = [r for r in runs if not r.cached]
+        if len(runs) > LISTED:  # nobody reads 100,000 lines: the rest by family and size
+            groups = Counter((r.config.family.name, r.config.model.name, r.cached) for r in runs[LISTED:])
+            self.console.print(f"... and {len(runs) - LISTED} more runs: " + ", ".join(
+                f"{family} {size} {n} {'cached' if cached else 'new'}" for (family, size, cached), n in sorted(groups.items())),
+                markup=False, soft_wrap=True)
         cluster = self.configs[0].cluster
         if any(r.config.resources.gpus > 0 for r in new):
             self.console.print(f"estimate: {sum(gpu_hours(r.config) for r in new):,.0f} GPU hours for the "
@@ -125,10 +129,8 @@ class Sweep:
     def _execute(self, runs: list[PlannedRun]):
         self.store.create()
         upgrade(self.store)
-        for r in runs:
-            self.store.write_config(r.run_id, r.config)
+        self.store.record_sweep(self.name, self.overrides, [r.run_id for r in runs], [r.config for r in runs])
         tracking.tag_sweep([r.config for r in runs], self.name)  # the jobs' W&B group, not in config.yaml
-        self.store.record_sweep(self.name, self.overrides, [r.run_id for r in runs])
         if self.executor.synchronous:
             self.console.print(f"sweep [bold]{self.name}[/]: {len(runs)} runs, {sum(r.cached for r in runs)} "
                                f"cached, store {self.store.root}")
@@ -204,16 +206,17 @@ def _cell(cfg: RunConfig, keys: tuple[str, ...]) -> dict[str, Any]:
 def report(store: Store, name: str, console: Console, tracker: Optional[tracking.TrackerConfig] = None) -> int:
     """Analyse the sweep's finished runs: report files, the console summary, W&B's summary run."""
     sweep = store.read_sweep(name)
-    damaged = [(r, p) for r in sweep["run_ids"] for p in store.problems(r)]
+    inspected = {r: store.inspect(r) for r in sweep["run_ids"]}  # one read of each run's files
+    damaged = [(r, p) for r, (problems, _) in inspected.items() for p in problems]
     if damaged:
         raise StoreError(f"sweep {name}: run {damaged[0][0]}: {damaged[0][1]} ({len(damaged)} "
                          f"problems, see `status`); run the sweep again to repair them")
-    states = [store.read_state(r)["status"] for r in sweep["run_ids"]]
-    if "done" not in states:
+    states = {r: state or {} for r, (_, state) in inspected.items()}
+    if not any(state.get("status") == DONE for state in states.values()):
         console.print(f"sweep {name}: no finished runs yet; nothing to report")
         return 1
     upgrade(store)
-    if outdated := _outdated(store, sweep["run_ids"]):
+    if outdated := _outdated(store, name, states):
         console.print(f"warning: sweep {name}: results of {', '.join(f'{job} ({n} runs)' for job, n in outdated.items())} "
                       f"were recorded by an earlier revision of the evaluation or with other settings, and are "
                       f"reported as recorded; run the sweep again (the same command) to evaluate them anew on "
@@ -229,19 +232,24 @@ def report(store: Store, name: str, console: Console, tracker: Optional[tracking
     return 0
 
 
-def _outdated(store: Store, run_ids: list[str]) -> Counter:
+def _outdated(store: Store, name: str, states: dict[str, dict]) -> Counter:
     """Evaluation -> number of runs whose recorded result is not what the evaluation would record
-    now (its revision or settings changed since, orchestrator/identity.py): a sweep reruns those."""
+    now (its revision or settings changed since, orchestrator/identity.py): a sweep reruns those.
+    The digests are computed once per config of the sweep's configs file (seeds do not change
+    them), so 100,000 seeds of a grid point type one config."""
+    configs = store.sweep_configs(name)
+    digests: dict[Any, dict[str, Optional[str]]] = {}  # config (group index, or run id) -> job -> digest
     counts: Counter = Counter()
-    for rid in run_ids:
-        state = store.read_state(rid)
-        try:
-            cfg = load_run_config(store.read_config(rid))
-        except Exception:  # noqa: BLE001  a config.yaml this code cannot read: not for this warning to judge
-            continue
+    for rid, state in states.items():
+        key = configs.runs[rid][0] if rid in configs.runs else rid
+        if key not in digests:
+            try:
+                cfg = load_run_config(configs.config(rid) if rid in configs.runs else store.read_config(rid))
+                digests[key] = {job: settings_digest(cfg, job) for job in cfg.eval.jobs if job in EVALUATIONS.names()}
+            except Exception:  # noqa: BLE001  a config.yaml this code cannot read: not for this warning to judge
+                digests[key] = {}
         for job, entry in state.get("jobs", {}).items():
-            if (entry.get("status") == DONE and job in EVALUATIONS.names() and job in cfg.eval.jobs
-                    and not done(state, job, cfg)):
+            if entry.get("status") == DONE and job in digests[key] and entry.get("settings") != digests[key][job]:
                 counts[job] += 1
     return counts
 
@@ -271,61 +279,6 @@ def latest(store: Store) -> str:
     return max(sweeps, key=lambda s: store.read_sweep(s)["invocations"][-1]["at"])
 
 
-def status(store: Store, names: list[str], console: Console) -> int:
-    """A table per sweep of its runs' states, the cluster's queue states, and damage notes."""
-    if not names:
-        raise StoreError(f"no sweeps in {store.root} yet; run `python -m orchestrator sweep` first")
-    for name in names:
-        sweep = store.read_sweep(name)
-        table = Table(title=f"sweep {name}", title_justify="left", box=None, header_style="bold")
-        for col in ("run", "id", "status", "jobs (status x attempts)", "progress", "error"):
-            table.add_column(col)
-        counts: Counter = Counter()
-        notes: list[str] = []
-        for rid in sweep["run_ids"]:
-            state = store.read_state(rid)
-            try:
-                cfg = store.read_config(rid)
-                label = f"{cfg['family']['name']}-{cfg['model']['name']}-s{cfg['seed']}"
-            except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
-                label = "?"
-            notes += _damage_notes(store, rid, label, state)
-            counts[state["status"]] += 1
-            jobs = state.get("jobs", {})
-            attempts = "  ".join(f"{j} {s.get('status')} x{s.get('attempts', 0)}" for j, s in jobs.items()) or "-"
-            p = store.read_progress(rid) if state["status"] == "running" else {}
-            prog = f"{p.get('job')} {p.get('step')}/{p.get('total_steps')}" if p else ""
-            table.add_row(label, rid, state["status"], attempts, prog, state.get("error") or "")
-        console.print(table)
-        console.print("  ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        executor = recorded_executor(sweep)
-        for line in executor.status_lines(sweep) if executor else []:
-            console.print(line, markup=False, soft_wrap=True)
-        for note in notes:
-            console.print(f"  {note}", soft_wrap=True, markup=False)
-    return 0
-
-
-def _damage_notes(store: Store, rid: str, label: str, state: dict) -> list[str]:
-    """One line per problem of a run (and per past one that was repaired); marks the state
-    `stale` (running, claim free: its process was killed) or `corrupt` (damaged files)."""
-    notes = [f"problem {rid} {label}: {p}; the next sweep of this run moves it aside and reruns "
-             f"the run's jobs (training resumes from its newest sound checkpoint)"
-             for p in store.problems(rid)]
-    if notes:
-        state["status"] = CORRUPT
-    elif store.is_stale(rid, state):
-        for job in [state, *state.get("jobs", {}).values()]:
-            job["status"] = "stale" if job.get("status") == "running" else job.get("status")
-        notes.append(f"stale {rid} {label}: state.json says running but no process holds its "
-                     f"claim (killed); the next sweep resumes it from its last checkpoint")
-    notes += [f"waiting {rid} {label}: since {entry.get('waiting_since')} job {job} needs {entry['waiting_for']},"
-              " which the cluster cannot give now (a node was lost, or other jobs hold them); it starts when they"
-              " are free (if the sweep's driver was stopped meanwhile, rerun the sweep)"
-              for job, entry in state.get("jobs", {}).items() if entry.get("status") == WAITING]
-    return notes + [f"recovered {rid} {label}: {r}" for r in store.recovered(rid)]
-
-
 def cancel(store: Store, name: str, console: Console) -> int:
     """Cancel a sweep's cluster jobs; the same `sweep` command resubmits and resumes it."""
     sweep = store.read_sweep(name)
@@ -346,5 +299,5 @@ def run_one(store_root: str, run_id: str) -> int:
         raise ConfigError(f"run {run_id}: no config.yaml in {store.run_dir(run_id)}; "
                           f"was it planned by a sweep of this store?") from None
     for job in jobs_of(cfg):
-        print(f"{run_id} {job}: {execute(job, run_id, store_root, cfg)}", file=sys.stderr, flush=True)
+        print(f"{run_id} {job}: {execute(job, run_id, store_root, cfg)[0]}", file=sys.stderr, flush=True)
     return 0

@@ -304,9 +304,9 @@ def job_environment(cfg: Any, run_id: str) -> Iterator[None]:
 # Sweeps
 
 def tag_sweep(configs: list, name: str) -> None:
-    """Tell each run's jobs their sweep (the W&B group). Done after config.yaml is written, so a
-    run shared by sweeps does not differ in config by the sweep that first wrote it; the run id
-    ignores `tracker` anyway."""
+    """Tell each run's jobs their sweep (the W&B group). config.yaml leaves it out
+    (store.config_dict), so a run shared by sweeps does not differ in config by the sweep that
+    first ran it; the run id ignores `tracker` anyway."""
     for c in configs:
         c.tracker.sweep = name
 

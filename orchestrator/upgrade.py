@@ -2,9 +2,11 @@
 
 Format 1 -> 2: metrics.json gains `specs` and `curve_specs`, the specs of its metrics and curves
 as the jobs declare them now (a metric no job declares any more keeps its name as its label and
-its recorded direction), and the induction-heads curve the `label` column format 2 adds. Each file is rewritten atomically and the upgrade is idempotent, so two
-drivers may run it at once and a killed one is finished by the next; store.json's version is
-written last."""
+its recorded direction), and the induction-heads curve the `label` column format 2 adds.
+Format 2 -> 3: the index (orchestrator/index.py) is built from every run's state.json.
+
+Each file is rewritten atomically and the upgrade is idempotent, so two drivers may run it at
+once and a killed one is finished by the next; store.json's version is written last."""
 from __future__ import annotations
 
 import os
@@ -17,6 +19,7 @@ from jobs.evals import EVALUATIONS
 from jobs.evals.induction import CURVES as INDUCTION_CURVES
 from jobs.evals.induction import head_labels
 from jobs.registry import TRAIN
+from orchestrator import index
 from orchestrator.store import FORMAT_VERSION, Store
 
 
@@ -31,9 +34,21 @@ def _declared() -> tuple[dict[str, MetricSpec], dict[str, dict]]:
 
 
 def upgrade(store: Store) -> bool:
-    """Bring the store to this code's format; returns whether anything was rewritten."""
+    """Bring the store to this code's format, one step per format; returns whether anything was
+    rewritten. Each step is idempotent, and store.json's version is written last."""
     if not (store.root / "store.json").exists() or store.format_version() >= FORMAT_VERSION:
         return False
+    version = store.format_version()
+    if version < 2:
+        _add_specs(store)
+    if version < 3:
+        _build_index(store)
+    write_json(os.path.join(store.root, "store.json"), {"format_version": FORMAT_VERSION})
+    return True
+
+
+def _add_specs(store: Store) -> None:
+    """1 -> 2: the metric and curve specs in metrics.json."""
     metrics, curves = _declared()
     for run_id in store.run_ids():
         path = store.run_file(run_id, "metrics.json")
@@ -52,5 +67,9 @@ def upgrade(store: Store) -> bool:
         if isinstance(heads, dict) and "label" not in heads:
             heads["label"] = head_labels(pd.DataFrame(heads))
         write_json(path, current)
-    write_json(os.path.join(store.root, "store.json"), {"format_version": FORMAT_VERSION})
-    return True
+
+
+def _build_index(store: Store) -> None:
+    """2 -> 3: the index of every run's status (orchestrator/index.py), from each state.json.
+    Runs planned but never started have a directory in these formats: they are indexed pending."""
+    index.replace(str(store.root), index.of_states((rid, store.read_state(rid)) for rid in store.run_ids()))

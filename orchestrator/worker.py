@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from common.atomic import write_parquet
 from jobs import launch
+from jobs.checkpoint import keep_final_weights
 from jobs.config import job_dict
 from jobs.contract import JobResult, Progress
 from jobs.registry import get_job
@@ -47,17 +48,19 @@ def _throttled(write: Callable[[dict], None], every_s: float = 0.5) -> Callable[
     return report
 
 
-def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: str,
-            rendezvous: Optional[dict] = None) -> str:
-    """Run `job` of run `run_id` unless it is already done; returns `done` or `cached`.
+def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
+            rendezvous: Optional[dict] = None, config_text: Optional[str] = None) -> tuple[str, dict]:
+    """Run `job` of run `run_id` unless it is already done; returns `done` or `cached`, and the
+    run's state after it (so the driver need not read it).
 
     `after` are the results of the jobs this one depends on: passing them makes Ray wait.
     `rendezvous` (from `execute_nodes`) makes this the task of one node of a multi-node job:
-    node_rank, master_addr, master_port and the nodes' Ray ids."""
+    node_rank, master_addr, master_port and the nodes' Ray ids. `config_text` is the run's
+    config.yaml as the driver rendered it (rendered here otherwise)."""
     store, jobs = Store(store_root), jobs_of(cfg)
     if rendezvous and rendezvous["node_rank"] > 0:
         _multi_process(job, cfg, store.run_dir(run_id), run_id, rendezvous, progress=None)
-        return DONE
+        return DONE, {}
     if processes_of(cfg, job) == (1, 1):
         import torch
 
@@ -67,8 +70,8 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: str,
         # process writes the state until the claim ends, so it is kept, not read again.
         state = store.recover(run_id, jobs)
         if done(state, job, cfg):
-            return "cached"
-        store.write_config(run_id, cfg)
+            return "cached", state
+        store.write_config(run_id, cfg, config_text)
         state = store.start_job(run_id, job, jobs, state, node_id=_node_id(),  # where it runs (Ray node ids)
                                 **({"node_ids": rendezvous["node_ids"]} if rendezvous else {}))
         run_dir = store.run_dir(run_id)
@@ -98,10 +101,12 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: str,
             tracker.finish(failed=True)
             raise
         tracker.record(metrics)
-        store.end_job(run_id, job, jobs, durable=durable, state=state,
-                      **({"settings": digest} if (digest := settings_digest(cfg, job)) else {}))
+        state = store.end_job(run_id, job, jobs, durable=durable, state=state,
+                              **({"settings": digest} if (digest := settings_digest(cfg, job)) else {}))
+        if state["status"] == DONE and cfg.store.keep_checkpoints == "final_weights":
+            keep_final_weights(run_dir)  # under the claim: no job of the run reads them meanwhile
         tracker.finish()
-    return DONE
+    return DONE, state
 
 
 def _multi_process(job: str, cfg: Any, run_dir: Path, run_id: str, rendezvous: Optional[dict],
@@ -154,7 +159,8 @@ def _record_waiting(store: Store, run_id: str, job: str, cfg: Any, needs: str) -
                              error=None)
 
 
-def execute_nodes(job: str, run_id: str, store_root: str, cfg: Any, *after: str) -> str:
+def execute_nodes(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
+                  config_text: Optional[str] = None) -> tuple[str, dict]:
     """A multi-node job: a STRICT_SPREAD placement group of one bundle per node, one `execute`
     task per bundle with torchrun's rendezvous at bundle 0; the group is removed afterwards.
 
@@ -163,8 +169,9 @@ def execute_nodes(job: str, run_id: str, store_root: str, cfg: Any, *after: str)
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    if done(Store(store_root).read_state(run_id), job, cfg):
-        return "cached"
+    state = Store(store_root).read_state(run_id)
+    if done(state, job, cfg):
+        return "cached", state
     nodes, _ = processes_of(cfg, job)
     bundle = bundle_of(cfg, job)
     group = placement_group([dict(bundle)] * nodes, strategy="STRICT_SPREAD",
@@ -185,7 +192,7 @@ def execute_nodes(job: str, run_id: str, store_root: str, cfg: Any, *after: str)
         refs = [task.options(num_cpus=bundle["CPU"], num_gpus=bundle["GPU"], memory=bundle["memory"],
                              scheduling_strategy=on(i), max_retries=0,
                              name=f"{run_id}:{job}:node{i}").remote(
-                    job, run_id, store_root, cfg,
+                    job, run_id, store_root, cfg, config_text=config_text,
                     rendezvous={**point, "node_rank": i, "node_ids": node_ids})
                 for i in range(nodes)]
         pending = list(refs)

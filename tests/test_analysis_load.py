@@ -177,7 +177,7 @@ def test_errors_name_the_problem(store, tmp_path):
         load(store, "nope")
     with pytest.raises(FileNotFoundError, match="store.json"):
         load(tmp_path / "empty")
-    (store / "store.json").write_text(json.dumps({"format_version": 3}))
+    (store / "store.json").write_text(json.dumps({"format_version": 4}))
     with pytest.raises(ValueError, match="format_version"):
         load_runs(store)
 

@@ -93,7 +93,10 @@ def test_driver_killed_then_rerun_finishes_every_run_and_repairs_damaged_files(
     """Fault 2 (driver SIGKILL mid-sweep, same command again) and fault 4 (a truncated
     checkpoint, a corrupted state.json, a half-written metrics.json) on one store."""
     root, ids = tmp_path / "store", reference["ids"]
-    args = (*LONG, "family=lidas,looped,dense")
+    # Both checkpoints kept as training left them, so their unchanged files show that nothing
+    # finished was retrained (the default keeps the final weights alone, rewritten once a run is
+    # done: tests/test_sweep_e2e.py).
+    args = (*LONG, "family=lidas,looped,dense", "store.keep_checkpoints=last_two")
     driver = start_sweep(root, *args, name="k")
 
     def moment():  # dense and looped trained; lidas past its first growth, two checkpoints kept

@@ -212,3 +212,27 @@ def test_history_and_curves_load_as_tidy_frames(tmp_path):
     assert list(curve.columns[:5]) == ["run_id", "family", "size", "seed", "n_context_strings"]
     assert len(curve) == 4 * 18 and set(curve.columns) >= {"regbench_tvd", "n_positions", *NGRAMS}
     assert list(load_curves(root, SWEEP, "no_such_curve").columns) == ["run_id", "family", "size", "seed"]
+
+
+def test_a_cell_of_many_seeds_is_summarised_in_plots_and_tables(tmp_path):
+    """500 seeds a family: the seed plot draws each family's distribution, not 1,000 dots and 500
+    pairing lines, and the tables of one run a row stop at 200 rows and say where the rest are."""
+    root = new_store(tmp_path / "store")
+    rng = np.random.default_rng(0)
+    run_ids = []
+    for family, shift in (("dense", 0.0), ("lidas", -0.02)):
+        for seed in range(500):
+            run_ids.append(f"{family}-{seed}")
+            failed = family == "lidas" and seed >= 250
+            write_run(root, run_ids[-1], family, "tiny", seed,
+                      None if failed else {"regbench_tvd": 0.3 + shift + 0.01 * rng.standard_normal(), **NGRAMS},
+                      status="failed" if failed else "done", error="boom" if failed else None, curves={})
+    write_sweep(root, SWEEP, run_ids, "2025-01-01T00:00:00", ["family=dense,lidas"])
+    result = analyse(root, SWEEP)
+    figure = next(p for p in draw(result) if p.name == "seeds_regbench_tvd")
+    assert figure.title.endswith("the seeds") and "quartiles" in figure.caption
+    ax = figure.figure.axes[0]
+    assert len(ax.lines) < 50 and not any(len(c.get_offsets()) > 10 for c in ax.collections)
+    report = render_markdown(result)
+    assert "The first 200 of 250 rows; results.parquet (table `runs`) has every run." in report
+    assert len(report.splitlines()) < 600

@@ -95,8 +95,10 @@ def test_allocation_with_ray_cancel_midway_and_resubmit_resumes(slurm_cluster, t
     store, name, marker = tmp_path / "store", "slurm-ray", tmp_path / "pwned"
     # 240 steps (about 5 s a training here, more under load) leave the scancel time to land
     # between trainings.
+    # Both checkpoints kept as training left them (store.keep_checkpoints=last_two), so their
+    # unchanged files show that nothing finished was retrained.
     args = ["family=dense,lidas,looped", "seed=0", "train.steps=240", "cluster=slurm",
-            "cluster.cpus_per_node=1",
+            "cluster.cpus_per_node=1", "store.keep_checkpoints=last_two",
             "cluster.mem_gb=3", "cluster.gpus_per_node=1",
             f"tracker.project={hydra_quoted(NASTY.format(marker=marker))}"]
     first = sweep(store, name, *args)

@@ -162,3 +162,29 @@ def test_adaptive_sweep_runs_declared_looks_and_records_each(tmp_path):
     assert "## Looks (adaptive seeding)" in report and looks[-1]["decision"] in report
     cells = analysis.read_results(root / "sweeps" / "adaptive" / "results.parquet", "cells")
     assert cells["ci_level"].astype(float).round(6).eq(round(1 - 0.05 / 3, 6)).all()
+
+
+def test_a_done_run_keeps_its_final_weights_and_a_newly_listed_evaluation_runs_on_them(tmp_path):
+    """store.keep_checkpoints=final_weights (the default): once every job of a run is done, one
+    checkpoint is left, without optimizer state; an evaluation listed later still runs on it,
+    and nothing retrains. last_two keeps both checkpoints as training left them."""
+    import torch
+
+    from jobs.checkpoint import checkpoint_paths
+
+    base = ["size=micro", "family=dense", "seed=0", "cluster.num_cpus=1", "tracker=none"]
+    first = sweep(tmp_path / "a", *base, "eval.jobs=[regbench]")
+    assert first.returncode == 0, first.stdout + first.stderr
+    (run,) = (tmp_path / "a" / "runs").iterdir()
+    (final,) = checkpoint_paths(run)
+    assert "optimizer" not in torch.load(final, weights_only=True)
+    later = sweep(tmp_path / "a", *base, "eval.jobs=[regbench,induction]")
+    assert later.returncode == 0, later.stdout + later.stderr
+    state = json.loads((run / "state.json").read_text())
+    assert state["jobs"]["induction"]["status"] == "done" and state["jobs"]["train"]["attempts"] == 1
+    assert "induction_topk_mean" in metrics(tmp_path / "a", run.name)
+    kept = sweep(tmp_path / "b", *base, "eval.jobs=[regbench]", "store.keep_checkpoints=last_two")
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    (run,) = (tmp_path / "b" / "runs").iterdir()
+    assert len(checkpoint_paths(run)) == 2
+    assert all("optimizer" in torch.load(p, weights_only=True) for p in checkpoint_paths(run))

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs.checkpoint import checkpoint_paths, latest_checkpoint, load_checkpoint, save_atomic
+from jobs import integrity
+from jobs.checkpoint import checkpoint_paths, keep_final_weights, latest_checkpoint, load_checkpoint, save_atomic
 from jobs.flops import schedule_flops
 from jobs.train import learning_rate, train
 from test_model import micro_cfg
@@ -226,3 +227,46 @@ def test_a_validation_split_chooses_the_evaluated_weights_and_resumes_exactly(tm
     assert model.ancestors == a["ancestors"]
     assert all(torch.equal(v, a["model"][k]) for k, v in model.state_dict().items())
     assert "chosen_step" not in train(micro_cfg("dense", steps=4), tmp_path / "stream", counting_batches)
+
+
+def _finished_copy(reference: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    shutil.copytree(reference, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_done_run_keeps_its_final_weights_and_evaluations_still_load_them(reference, tmp_path):
+    """store.keep_checkpoints=final_weights: the newest checkpoint without its optimizer state,
+    nothing else; a new evaluation loads the same model, and the finished run reports again
+    without training."""
+    cfg = micro_cfg("lidas")
+    run = _finished_copy(reference["lidas"], tmp_path)
+    before = cfg.backend.load_model(cfg, run).state_dict()
+    keep_final_weights(run)
+    paths = checkpoint_paths(run)
+    assert [p.name for p in paths] == ["step_0000030.pt"]
+    assert "optimizer" not in load_checkpoint(paths[0]) and integrity.problem(paths[0]) is None
+    assert paths[0].stat().st_size < checkpoint_paths(reference["lidas"])[-1].stat().st_size
+    after = cfg.backend.load_model(cfg, run).state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+    def no_batches(step: int):
+        raise AssertionError("a finished run must not train")
+    assert train(cfg, run, no_batches)["steps"] == 30
+    keep_final_weights(run)  # again: nothing left to strip, nothing changes
+    assert [p.name for p in checkpoint_paths(run)] == ["step_0000030.pt"]
+
+
+def test_a_strip_killed_before_its_digest_leaves_a_checkpoint_that_loads(reference, tmp_path):
+    """Killed between the stripped file and its digest: the checkpoint has no digest (read
+    unchecked, as one written before digests existed) and loads."""
+    run = _finished_copy(reference["dense"], tmp_path)
+    newest = checkpoint_paths(run)[-1]
+    state = load_checkpoint(newest)
+    del state["optimizer"]
+    integrity.sidecar(newest).unlink()
+    save_atomic(state, newest)
+    assert latest_checkpoint(run)["step"] == 30
+    keep_final_weights(run)
+    assert integrity.problem(checkpoint_paths(run)[-1]) is None and len(checkpoint_paths(run)) == 1

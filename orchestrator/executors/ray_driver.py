@@ -3,7 +3,9 @@ executors share (local.py, ray_cluster.py); a Slurm allocation runs the same ins
 
 One Ray task per job with the resources its size declares; an evaluation task takes the train
 task's result as an argument, so Ray starts it only once the checkpoint exists. Runs are
-submitted longest first (estimated FLOPs), which keeps every core busy until the end. A
+submitted longest first (estimated FLOPs), which keeps every core busy until the end, and only
+while fewer than a window of jobs is in flight: a sweep of 100,000 runs holds a few thousand
+tasks in Ray at a time, and the driver's memory does not grow with the sweep. A
 multi-node training job is one resource-free coordinating task (`worker.execute_nodes`) that
 reserves a placement group. Ray never fails a request that no node can satisfy (it waits for
 ever), so `check_fit` refuses those against the live nodes before anything is submitted."""
@@ -23,8 +25,9 @@ from common.settings import ConfigError
 
 from orchestrator import progress as view
 from orchestrator.executors import Executor, Outcome
+from orchestrator.identity import SeedTemplates
 from orchestrator.plan import PlannedRun, bundle_of, check_fit, jobs_of, processes_of
-from orchestrator.store import DONE, FAILED, INTERRUPTED, RUNNING, Store
+from orchestrator.store import DONE, FAILED, INTERRUPTED, RUNNING, Store, config_yaml
 from orchestrator.worker import execute, execute_nodes
 
 
@@ -88,29 +91,67 @@ class RayExecutor(Executor):
     def run(self, runs: list[PlannedRun], name: str, overrides: list[str], store: Store,
             console: Console) -> Outcome:
         """Execute every job still to do; the outcome maps run id -> final status."""
-        import ray
-
-        todo = [r for r in runs if r.todo]
+        todo = sorted((r for r in runs if r.todo), key=lambda r: -r.cost)
         outcome = {r.run_id: DONE for r in runs if r.cached}
         if not todo:
             return Outcome(outcome)
         with self.session():
-            remote, coordinate = ray.remote(execute), ray.remote(execute_nodes)
-            root = str(store.root.resolve())  # tasks may run elsewhere (a shipped working_dir)
-            check_fit(todo, live_nodes())
-            inflight: dict[Any, tuple[PlannedRun, str]] = {}
-            for r in sorted(todo, key=lambda r: -r.cost):
-                train_ref = None
-                for job in r.todo:
-                    opts = job_resources(r.config, job)
-                    after = [train_ref] if train_ref is not None else []
-                    fn = coordinate if multi_node(r.config, job) else remote
-                    ref = fn.options(**opts, max_retries=r.config.train.max_retries, retry_exceptions=True,
-                                     name=f"{r.label}:{job}").remote(job, r.run_id, root, r.config, *after)
-                    train_ref = ref if job == "train" else train_ref
-                    inflight[ref] = (r, job)
-            outcome.update(_drive(inflight, runs, store, console))
+            nodes = live_nodes()
+            check_fit(todo, nodes)
+            feed = Feed(todo, str(store.root.resolve()), window(nodes))  # tasks may run elsewhere (a shipped working_dir)
+            outcome.update(_drive(feed, view.Tally(len(runs), len(outcome), active=feed.active), store, console))
         return Outcome(outcome)
+
+
+def window(nodes: list[dict[str, float]]) -> int:
+    """How many jobs may be submitted and not yet finished: enough to keep every core of the
+    cluster busy with short jobs, few enough that the driver's memory does not grow with the
+    sweep (Ray holds each submitted task's arguments until it ends)."""
+    return max(WINDOW, 4 * int(sum(n.get("CPU", 0) for n in nodes)))
+
+
+WINDOW = 1000
+
+
+class Feed:
+    """The runs to do, submitted longest first, a whole run (train, then its evaluations, each
+    waiting on the train task) at a time, while fewer than `window` jobs are in flight. Each
+    task gets its run's config.yaml text, rendered once per group of seed variants."""
+
+    def __init__(self, runs: list[PlannedRun], root: str, window: int):
+        import ray
+
+        self.runs, self.root, self.window = iter(runs), root, window
+        self.remote, self.coordinate = ray.remote(execute), ray.remote(execute_nodes)
+        self.texts = SeedTemplates(config_yaml)
+        self.inflight: dict[Any, tuple[PlannedRun, str]] = {}
+        self.active: dict[str, PlannedRun] = {}  # the runs with a job in flight
+        self._jobs_left: dict[str, int] = {}
+
+    def fill(self) -> None:
+        """Submit runs until the window is full."""
+        while len(self.inflight) < self.window and (r := next(self.runs, None)) is not None:
+            self.submit(r)
+            self.active[r.run_id], self._jobs_left[r.run_id] = r, len(r.todo)
+
+    def pop(self, ref: Any) -> tuple[PlannedRun, str]:
+        """The run and job of a finished task, no longer in flight."""
+        r, job = self.inflight.pop(ref)
+        self._jobs_left[r.run_id] -= 1
+        if not self._jobs_left[r.run_id]:
+            del self.active[r.run_id], self._jobs_left[r.run_id]
+        return r, job
+
+    def submit(self, r: PlannedRun) -> None:
+        train_ref, text = None, self.texts(r.config)
+        for job in r.todo:
+            after = [train_ref] if train_ref is not None else []
+            fn = self.coordinate if multi_node(r.config, job) else self.remote
+            ref = fn.options(**job_resources(r.config, job), max_retries=r.config.train.max_retries,
+                             retry_exceptions=True, name=f"{r.label}:{job}").remote(
+                job, r.run_id, self.root, r.config, *after, config_text=text)
+            train_ref = ref if job == "train" else train_ref
+            self.inflight[ref] = (r, job)
 
 
 RAY_OPTIONS: dict[str, Any] = dict(log_to_driver=False, logging_level="WARNING")  # of every ray.init here
@@ -123,42 +164,55 @@ def live_nodes() -> list[dict[str, float]]:
     return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
-def _drive(inflight: dict, runs: list[PlannedRun], store: Store, console: Console) -> dict:
+def _drive(feed: Feed, tally: view.Tally, store: Store, console: Console) -> dict:
+    """Submit and follow the jobs; a line per finished job while the sweep has at most
+    `LISTED` runs to do (beyond that, nobody reads them: failures only, and the counts)."""
     import ray
 
-    outcome: dict[str, str] = {}
     started, states = time.monotonic(), view.States(store)
+    listed = tally.runs - tally.cached <= LISTED
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        with Live(view.render(runs, states, outcome, started), console=console,
+        with Live(view.render(tally, states, started), console=console,
                   refresh_per_second=2, transient=False) as live:
-            while inflight:
-                # Everything that finishes within half a second, then one refresh of the view.
-                ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0.5)
-                lines = []
-                for ref in ready:
-                    r, job = inflight.pop(ref)
-                    try:
-                        ray.get(ref)
-                        state = store.read_state(r.run_id)
-                        run_done = all(state["jobs"].get(j, {}).get("status") == DONE for j in r.todo)
-                        if run_done:
-                            outcome[r.run_id] = DONE
-                        lines.append(view.finished_line(r, job, state, store if run_done else None))
-                    except Exception as e:  # the job failed after its retries
-                        outcome[r.run_id] = FAILED
-                        _record_crash(store, r, job, e)
-                        lines.append(view.failed_line(r, job, store))
+            feed.fill()
+            while feed.inflight:
+                # What finishes within half a second (or a quarter of the window, whichever comes
+                # first), then one refresh of the view and the window filled again.
+                refs = list(feed.inflight)
+                ready, _ = ray.wait(refs, num_returns=min(len(refs), max(1, feed.window // 4)), timeout=0.5)
+                lines = [line for ref in ready if (line := _finished(ref, feed, tally, store, listed))]
                 if lines:  # one print per batch: rich's rendering costs more than the line
                     live.console.print("\n".join(lines), highlight=False, soft_wrap=True)
-                live.update(view.render(runs, states, outcome, started))
+                feed.fill()
+                live.update(view.render(tally, states, started))
         console.print()
     except (KeyboardInterrupt, Interrupted):
-        _interrupt(inflight, store, console)
+        _interrupt(feed.inflight, store, console)
         raise KeyboardInterrupt from None
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return outcome
+    return tally.ended
+
+
+LISTED = 200  # runs to do up to which each finished job gets a line
+
+
+def _finished(ref: Any, feed: Feed, tally: view.Tally, store: Store, listed: bool) -> Optional[str]:
+    """Record one finished task (its run's state comes back with it); its line, if any."""
+    import ray
+
+    r, job = feed.pop(ref)
+    try:
+        _, state = ray.get(ref)
+    except Exception as e:  # the job failed after its retries
+        tally.ended[r.run_id] = FAILED
+        _record_crash(store, r, job, e)
+        return view.failed_line(r, job, store)
+    run_done = all(state["jobs"].get(j, {}).get("status") == DONE for j in r.todo)
+    if run_done:
+        tally.ended[r.run_id] = DONE
+    return view.finished_line(r, job, state, store if run_done else None) if listed else None
 
 
 def _record_crash(store: Store, r: PlannedRun, job: str, error: Exception) -> None:

@@ -8,12 +8,15 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from rich.console import Console
+
 from common.settings import require
-from orchestrator.executors import CLUSTERS
+from orchestrator.executors import CLUSTERS, Outcome
 from orchestrator.executors.slurm_tools import (Request, SlurmCommon, SlurmExecutor, header, prologue, quoted,
                                                 slurm_dir)
+from orchestrator.identity import SeedTemplates
 from orchestrator.plan import PlannedRun, jobs_of, resources_of
-from orchestrator.store import Store
+from orchestrator.store import Store, config_yaml
 
 
 def task_resources(configs: list[Any]) -> tuple[int, float, int]:
@@ -24,6 +27,15 @@ def task_resources(configs: list[Any]) -> tuple[int, float, int]:
 
 class SlurmArrayExecutor(SlurmExecutor):
     config: "SlurmArrayConfig"
+
+    def run(self, runs: list[PlannedRun], name: str, overrides: list[str], store: Store,
+            console: Console) -> Outcome:
+        """Each array task reads its run's config.yaml (`run-one`), so they are written first."""
+        texts = SeedTemplates(config_yaml)
+        for r in runs:
+            if r.todo:
+                store.write_config(r.run_id, r.config, texts(r.config))
+        return super().run(runs, name, overrides, store, console)
 
     def scripts(self, runs: list[PlannedRun], name: str, overrides: list[str], store: Store) -> dict[str, str]:
         """The array (task i runs the i-th run to do) and the report job that waits for it."""

@@ -1,0 +1,176 @@
+"""The store's index (orchestrator/index.py): what `status` of a large sweep reads instead of every
+run's files. It must say what the run directories say, whatever happened to it: a torn write, a
+second driver writing and compacting at the same time, damage, loss."""
+import io
+import json
+import multiprocessing as mp
+import os
+
+from rich.console import Console
+
+from orchestrator import index
+from orchestrator.status import status
+from orchestrator.store import DONE, FAILED, RUNNING, Store
+
+JOBS = ["train", "noop"]
+
+
+def _finish(store: Store, run_id: str, error: str | None = None) -> None:
+    with store.claim(run_id):
+        for job in JOBS:
+            store.start_job(run_id, job, JOBS)
+            store.end_job(run_id, job, JOBS, error=error if job == "noop" else None, durable=False)
+
+
+def _truth(store: Store) -> dict[str, str]:
+    return {rid: store.read_state(rid)["status"] for rid in store.run_ids()}
+
+
+def _indexed(store: Store) -> dict[str, str]:
+    return {rid: rec["status"] for rid, rec in index.read(str(store.root)).runs.items()}
+
+
+def _status_text(store: Store, names: list[str]) -> str:
+    out = io.StringIO()
+    status(store, names, Console(file=out, width=200), check=False)
+    return out.getvalue()
+
+
+def _store(tmp_path, runs: int = 6) -> Store:
+    store = Store(tmp_path)
+    store.create()
+    ids = [f"r{i:03d}" for i in range(runs)]
+    store.record_sweep("s", [], ids)
+    for rid in ids:
+        _finish(store, rid, error="ValueError: boom" if rid == "r001" else None)
+    return store
+
+
+def test_the_index_says_what_the_run_directories_say(tmp_path):
+    store = _store(tmp_path)
+    assert _indexed(store) == _truth(store)
+    assert _truth(store)["r001"] == FAILED and _truth(store)["r000"] == DONE
+    assert index.compact(str(store.root))  # folded into a snapshot: the same, journals gone
+    assert _indexed(store) == _truth(store)
+
+
+def test_a_torn_journal_line_is_skipped_and_the_rest_read(tmp_path):
+    """A writer killed half-way through a line leaves it without its newline: readers skip it,
+    and compaction folds the whole lines before it and removes the journal (its writer is gone)."""
+    store = _store(tmp_path)
+    journal = os.path.join(index.directory(str(store.root)), index.JOURNAL)
+    whole = open(os.path.join(journal, os.listdir(journal)[0]), "rb").read().splitlines(keepends=True)[-1]
+    dead = os.path.join(journal, "elsewhere-1-1.jsonl")
+    with open(dead, "wb") as f:
+        f.write(whole + b'{"run":"r000","v":99999999999999,"status":"fail')
+    assert _indexed(store) == _truth(store)
+    assert index.compact(str(store.root))
+    assert not os.path.exists(dead)
+    assert _indexed(store) == _truth(store)
+    store.start_job("r000", "train", JOBS)  # later records of the run still win
+    assert _indexed(store)["r000"] == RUNNING
+
+
+def test_a_damaged_snapshot_is_rebuilt_from_the_run_directories_and_status_says_so(tmp_path):
+    store = _store(tmp_path)
+    assert index.compact(str(store.root))
+    directory = index.directory(str(store.root))
+    snapshot = next(n for n in os.listdir(directory) if index.SNAPSHOT.fullmatch(n))
+    path = os.path.join(directory, snapshot)
+    with open(path, "r+b") as f:  # damaged from outside: the index's own writes are never partial
+        f.truncate(os.path.getsize(path) // 2)
+    text = _status_text(store, ["s"])
+    assert "index damaged" in text and "rebuilt from the run directories" in text
+    assert "done 5" in text and "failed 1" in text
+    assert _indexed(store) == _truth(store)  # the rebuilt snapshot reads again
+
+
+def test_a_lost_index_is_rebuilt_and_status_says_so(tmp_path):
+    store = _store(tmp_path)
+    for root, dirs, files in os.walk(index.directory(str(store.root)), topdown=False):
+        for name in files:
+            os.unlink(os.path.join(root, name))
+        for name in dirs:
+            os.rmdir(os.path.join(root, name))
+    text = _status_text(store, ["s"])
+    assert "index missing: rebuilt from the run directories" in text
+    assert "done 5" in text and "failed 1" in text
+    assert _indexed(store) == _truth(store)
+
+
+def _driver(root: str, ids: list[str], rounds: int) -> None:
+    """A second driver: runs jobs of its own runs and of shared ones, compacting as it goes."""
+    store = Store(root)
+    for i in range(rounds):
+        for rid in ids:
+            _finish(store, rid, error="ValueError: boom" if (i + len(rid)) % 3 == 0 else None)
+        index.compact(root)
+
+
+def test_two_drivers_writing_and_compacting_at_once_agree_with_the_run_directories(tmp_path):
+    store = Store(tmp_path)
+    store.create()
+    mine, theirs, shared = ([f"{p}{i}" for i in range(15)] for p in ("a", "b", "c"))
+    ctx = mp.get_context("fork")
+    drivers = [ctx.Process(target=_driver, args=(str(tmp_path), ids + shared, 4)) for ids in (mine, theirs)]
+    for d in drivers:
+        d.start()
+    for d in drivers:
+        d.join(120)
+        assert d.exitcode == 0
+    assert len(_truth(store)) == 45
+    assert _indexed(store) == _truth(store)
+    assert index.compact(str(store.root))  # both writers are gone: their journals are folded and removed
+    assert _indexed(store) == _truth(store)
+    assert os.listdir(os.path.join(index.directory(str(store.root)), index.JOURNAL)) == []
+
+
+def test_compaction_keeps_the_journal_of_a_live_writer(tmp_path):
+    store = _store(tmp_path, runs=2)
+    ctx = mp.get_context("fork")
+    ready, finish = ctx.Event(), ctx.Event()
+
+    def writer() -> None:
+        _finish(Store(tmp_path), "late")
+        ready.set()
+        finish.wait(60)
+        _finish(Store(tmp_path), "later")
+
+    p = ctx.Process(target=writer)
+    p.start()
+    assert ready.wait(60)
+    assert index.compact(str(store.root))
+    finish.set()
+    p.join(60)
+    assert p.exitcode == 0
+    assert _indexed(store) == _truth(store) and {"late", "later"} <= _indexed(store).keys()
+
+
+def test_snapshots_are_created_whole_under_new_names(tmp_path):
+    """Two compactors race for one generation: exactly one creates it, never a mix of both."""
+    store = _store(tmp_path, runs=3)
+    root = str(store.root)
+    found = index.read(root)
+    assert index.compact(root, found)
+    assert not index.compact(root, found)  # the same generation again: refused, not overwritten
+    names = [n for n in os.listdir(index.directory(root)) if index.SNAPSHOT.fullmatch(n)]
+    assert len(names) == 1
+    with open(os.path.join(index.directory(root), names[0])) as f:
+        assert json.load(f)["generation"] == found.generation + 1
+
+
+def test_status_of_a_large_sweep_prints_counts_and_the_runs_that_need_a_look(tmp_path):
+    """Beyond 200 runs a line each only for the runs neither done nor pending; `--all` every run."""
+    store = Store(tmp_path)
+    store.create()
+    ids = [f"r{i:03d}" for i in range(260)]
+    store.record_sweep("s", [], ids)
+    for rid in ids[:250]:
+        _finish(store, rid, error="ValueError: boom" if rid in ("r007", "r100") else None)
+    text = _status_text(store, ["s"])
+    assert "done 248" in text and "failed 2" in text and "pending 10" in text
+    assert "r007" in text and "r100" in text and "r000" not in text
+    assert "2 of 260 runs listed" in text
+    out = io.StringIO()
+    status(store, ["s"], Console(file=out, width=200), check=False, every=True)
+    assert all(rid in out.getvalue() for rid in ids)
