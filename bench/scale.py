@@ -1,4 +1,4 @@
-"""How the orchestrator's costs grow with the sweep: issue 26's targets at 1,000, 10,000 and 100,000
+"""How the orchestrator's costs grow with the sweep: the targets it is held to at 1,000, 10,000 and 100,000
 runs side by side, and the peers a user would pick instead on the same no-op work.
 
 Rows (docs/performance.md explains each and its target):
@@ -367,7 +367,7 @@ PROFILED = {"plan (compose, validate, hash, write configs)": "plan", "sweep --dr
 
 def targets_table(results: dict[int, dict]) -> list[tuple[Row, int]]:
     sizes = sorted(results)
-    table = Table(title=f"issue 26's targets, sweeps of {', '.join(f'{n:,}' for n in sizes)} runs "
+    table = Table(title=f"targets, sweeps of {', '.join(f'{n:,}' for n in sizes)} runs "
                         "(micro, dense and looped; no-op jobs; read paths on a store built by its writer)")
     table.add_column("figure")
     table.add_column("target", justify="right")

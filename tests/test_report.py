@@ -565,8 +565,8 @@ def test_an_arm_the_rule_stopped_for_futility_is_not_awaiting_seeds_in_the_headl
 
 @pytest.mark.parametrize("fixture,name", [("store", "demo"), ("lr_store", "lr"), ("decisive_store", "demo")])
 def test_report_is_the_one_written_before_the_store_index_and_the_summarised_tables(fixture, name, request):
-    """report.md of each test sweep, byte for byte, as the code before issue 26's changes (the
-    index, the configs file, the loader's single pass, the summarised run tables) wrote it
+    """report.md of each test sweep, byte for byte, as the code before the store's index and its
+    faster readers (the configs file, the loader's single pass, the summarised run tables) wrote it
     (tests/data/report_before_scale, written by commit 683327b)."""
     report = write_report(request.getfixturevalue(fixture), name).read_text()
     assert report == (Path(__file__).parent / "data" / "report_before_scale" / f"{fixture}.md").read_text()

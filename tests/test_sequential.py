@@ -125,7 +125,7 @@ def test_nothing_to_decide():
         next_seeds(frame({"dense": DENSE[:3]}, metric="regbench_acc"), **PRIMARY)
 
 
-# ---- issue 12: settled verdicts stay settled; seeds only to open arms --------------------------
+# ---- settled verdicts stay settled; seeds only to open arms ------------------------------------
 
 def by_family(plan) -> pd.DataFrame:
     return plan.comparisons.set_index("family")

@@ -1,4 +1,4 @@
-"""The whole group-sequential procedure in simulation (docs/statistics.md, f; issue 12): two families
+"""The whole group-sequential procedure in simulation (docs/statistics.md, f): two families
 against a baseline, looks at 3, 5 and 8 seeds, settled verdicts kept, new seeds only to open arms.
 
 `next_seeds` runs a full `compare` per look (sign-flip tests, Holm through statsmodels), too slow for

@@ -426,7 +426,7 @@ def test_summarize_item_noise():
                                   cells.drop(columns=["n_items", "item_se"]))
 
 
-# ---- issue 12: verdict precedence, the confirmatory family, labels -----------------------------
+# ---- verdict precedence, the confirmatory family, labels ---------------------------------------
 
 def paired_frame(deltas, base=None, metric: str = "gsm8k", size: str = "tiny") -> pd.DataFrame:
     """dense at `base` (default a fixed spread around 0.3) and lidas = dense + deltas, seed by seed."""

@@ -43,8 +43,9 @@ _NGRAM_BATCH = 50  # instances per chunk of n-gram counting (bounds memory only)
 # its back-off estimators (the add-alpha ones moved to ngram*_add_*).
 # 3: added regbench_tvd_2strings, regbench_tvd_6plus_strings and regbench_context_gain.
 REVISION = 3
-# Whether a model keeps improving with context (issue 23's criterion): its TVD at positions with
-# exactly FEW complete strings of the language before them against positions with MANY or more.
+# Whether a model keeps improving with context (criterion C of docs/miniature.md): its TVD at
+# positions with exactly FEW complete strings of the language before them against positions with
+# MANY or more.
 FEW_STRINGS, MANY_STRINGS = 2, 6
 ESTIMATORS = {"": "", "_add": ", add-alpha"}  # metric infix -> label suffix: back-off (reference code), add-alpha
 NGRAM_NAMES = {1: "in-context unigram", 2: "in-context bigram", 3: "in-context trigram"}
