@@ -1,7 +1,7 @@
 """Power of the t-test and seeds_needed (docs/statistics.md, e) for standardised effects from 0.1 to
 20, paired and unpaired: statsmodels' power function returns NaN for large effects (its lower tail
-comes from scipy's nct.cdf), which seeds_needed used to read as "power not reached" (
-defect 1: dz 11.25 gave 9 seeds instead of 3)."""
+comes from scipy's nct.cdf), which seeds_needed used to read as "power not reached" (dz 11.25
+gave 9 seeds instead of 3)."""
 
 import math
 
