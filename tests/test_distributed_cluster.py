@@ -97,7 +97,7 @@ def test_a_two_node_job_waits_with_a_clear_state_while_a_node_is_taken(cluster, 
     import threading
     import time
 
-    from orchestrator.sweep import status
+    from orchestrator.status import status
 
     [cfg] = configs("family=dense", "resources.nodes=2", "resources.gpus=1", "resources.cpus=1", "train.steps=6")
     blocker = ray.util.placement_group([{"GPU": 2}], strategy="STRICT_PACK")  # one whole node's GPUs
