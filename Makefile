@@ -20,17 +20,17 @@ $(STAMP): pyproject.toml requirements.lock
 run: setup
 	$(PY) -m orchestrator sweep family=lidas,looped,dense seed=0,1,2
 
-# The layers first (import-linter's contracts in pyproject.toml), then the suite: three workers,
+# The layers first (import-linter's contracts in pyproject.toml), then the suite: four workers,
 # whole files each (module fixtures are built once; one file holds the Slurm tests): most tests
-# wait on processes (Ray start-up, kills, polling, Slurm's scheduler), so with two workers the
-# suite kept about one core busy, and three overlap well even on 2 cores.
+# wait on processes (Ray start-up, kills, polling, Slurm's scheduler); with two workers the suite
+# kept one core busy, with three about one core, so four overlap well even on 2 cores.
 # nanotron-env: the side environment for nanotron's own loader and checkpoint code (below).
 # The docs site is built --strict too, so a broken link, a missing page or a missing include fails
 # (never with --quiet, which hides the warnings that --strict counts).
 test: setup nanotron-env
 	$(VENV)/bin/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
-	$(PY) -m pytest -q -n 3 --dist loadfile
+	$(PY) -m pytest -q -n 4 --dist loadfile
 
 # Each benchmark prints its tables and writes them, with the command, date, commit and cores, to
 # docs/performance/<script>.md, which docs/performance.md includes.
