@@ -21,9 +21,9 @@ run: setup
 	$(PY) -m orchestrator sweep family=lidas,looped,dense seed=0,1,2
 
 # The layers first (import-linter's contracts in pyproject.toml), then the suite: four workers,
-# whole files each (module fixtures are built once; one file holds the Slurm tests): most tests
-# wait on processes (Ray start-up, kills, polling, Slurm's scheduler); with two workers the suite
-# kept one core busy, with three about one core, so four overlap well even on 2 cores.
+# whole files each (module fixtures are built once; one file holds the Slurm tests). Most tests
+# wait on processes and the disk (Ray start-up, kills, polling, Slurm's scheduler, checkpoint
+# writes): on 2 cores the suite keeps about one core busy, so several workers overlap their waits.
 # nanotron-env: the side environment for nanotron's own loader and checkpoint code (below).
 # The docs site is built --strict too, so a broken link, a missing page or a missing include fails
 # (never with --quiet, which hides the warnings that --strict counts).
