@@ -70,10 +70,9 @@ def _with_rule_verdicts(analysis: Analysis, rows: pd.DataFrame) -> pd.DataFrame:
     looks = analysis.spec.get("looks") or []
     if not looks or rows.empty:
         return rows
-    ruled = looks[-1].get("verdicts", {})
-    futile = [ruled.get(f"{row['family']}/{row['size']}") == FUTILE and row["metric"] == looks[-1]["rule"]["metric"]
-              for _, row in rows.iterrows()]
-    return rows.assign(verdict=rows["verdict"].where(~pd.Series(futile, index=rows.index), FUTILE))
+    arms = rows["family"] + "/" + rows["size"].astype(str)
+    futile = arms.map(looks[-1].get("verdicts", {})).eq(FUTILE) & rows["metric"].eq(looks[-1]["rule"]["metric"])
+    return rows.assign(verdict=rows["verdict"].mask(futile, FUTILE))
 
 
 def mechanism_lines(analysis: Analysis) -> list[str]:
