@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import Selection, load_paper_flops, load_sweep
+from analysis.load import RunFileReader, Selection, load_paper_flops, load_sweep
 from analysis.stats import N_BOOT, cell_keys, compare, summarize
 from analysis.text import where
 from common.metrics import CurveSpec, MetricSpec
@@ -83,11 +83,12 @@ def confirmatory(metric_specs: Mapping[str, MetricSpec], kinds: set[str]) -> tup
                         key=lambda name: (not kinds & set(metric_specs[name].headline_for), name)))
 
 
-def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None = None) -> Analysis:
-    """Load a sweep (each of its files read once) and compute its cells and comparisons, both keyed
-    by the same cell keys."""
+def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None = None,
+            read: RunFileReader | None = None) -> Analysis:
+    """Load a sweep (each of its files read once; `read`: the runs' JSON files as a caller parsed
+    them, `Selection`) and compute its cells and comparisons, both keyed by the same cell keys."""
     spec = load_sweep(store_root, sweep)
-    selection = Selection(store_root, sweep)
+    selection = Selection(store_root, sweep, read)
     metric_specs, curve_specs = selection.results.metric_specs, selection.results.curve_specs
     kinds = selection.data_kinds()
     options = options or options_for(spec, metric_specs, kinds)

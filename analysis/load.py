@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from common.atomic import read_yaml
+from common.atomic import read_json, read_yaml
 from common.metrics import CurveSpec, MetricSpec
 from common.sweep_configs import SweepConfigs, read_sweep_configs
 
@@ -44,16 +44,11 @@ RUN_KEYS = ["run_id", "family", "size", "seed"]
 _KEY_CONFIG = {"seed": "seed", "family.name": "family", "model.name": "size"}
 
 
-def _read_json(path: str | Path) -> Any:
-    with open(path, "rb") as f:
-        return json.loads(f.read())
-
-
 def _check_store(root: Path) -> None:
     marker = root / "store.json"
     if not marker.is_file():
         raise FileNotFoundError(f"{root} is not a results store (no store.json)")
-    version = _read_json(marker).get("format_version")
+    version = (read_json(marker) or {}).get("format_version")
     if version not in FORMAT_VERSIONS:
         raise ValueError(f"{marker}: format_version {version!r}, this reader knows {FORMAT_VERSIONS}")
 
@@ -117,12 +112,15 @@ class _Configs:
                 self.of_run.setdefault(run_id, (first + group, seed))
 
 
-def _state(root: Path, run_id: str) -> dict:
+RunFileReader = Callable[[str, str], Any]
+"""(run id, name of one of its JSON files) -> the file parsed; None when it is missing, ValueError
+when it cannot be parsed (common/atomic.py `read_json`)."""
+
+
+def _state(read: RunFileReader, run_id: str) -> dict:
     """The run's state; no file yet is "pending", an unreadable one "corrupt" (listed, not fatal)."""
     try:
-        return _read_json(root / "runs" / run_id / "state.json")
-    except FileNotFoundError:
-        return {"status": "pending"}
+        return read(run_id, "state.json") or {"status": "pending"}
     except ValueError as error:
         return {"status": "corrupt", "error": f"unreadable state.json: {error}"}
 
@@ -139,11 +137,14 @@ class _Results:
 class Selection:
     """The runs of one sweep (or, with sweep=None, of the whole store), each of their files read
     at most once: the load_* functions below each read one, `analyse` reads one for all of them
-    (a report of 100,000 runs would otherwise read every file several times)."""
+    (a report of 100,000 runs would otherwise read every file several times). `read` reads a
+    run's state.json and metrics.json: a caller that has parsed them already (the orchestrator's
+    report checks every run's files first) hands them over instead of having them read again."""
 
-    def __init__(self, store_root: str | Path, sweep: str | None = None):
+    def __init__(self, store_root: str | Path, sweep: str | None = None, read: RunFileReader | None = None):
         self.root = Path(store_root)
         _check_store(self.root)
+        self.read = read or (lambda run_id, name: read_json(os.path.join(self.run_dir(run_id), name)))
         membership = _sweep_membership(self.root, sweep)
         self.configs = _Configs.read(self.root, membership)
         self.table = self._run_table(membership)
@@ -152,7 +153,7 @@ class Selection:
         """One row per selected run: key columns, status, error and its config group."""
         columns: dict[str, list] = {c: [] for c in [*KEY_COLUMNS, "status", "error", "group"]}
         for run_id, run_sweep in membership.items():
-            state = _state(self.root, run_id)
+            state = _state(self.read, run_id)
             group, seed = self.configs.of_run[run_id]
             flat = self.configs.groups[group]
             for column, value in (("run_id", run_id), ("sweep", run_sweep), ("family", flat.get("family.name")),
@@ -199,7 +200,9 @@ class Selection:
         curves: dict[str, dict[str, dict]] = {}
         value_columns: dict[str, list] = {c: [] for c in ["run_id", *VALUE_COLUMNS]}
         for run_id in self.done["run_id"]:
-            recorded = _read_json(os.path.join(self.run_dir(run_id), "metrics.json"))
+            recorded = self.read(run_id, "metrics.json")
+            if recorded is None:
+                raise FileNotFoundError(f"{self.run_dir(run_id)}: run done without metrics.json")
             directions = recorded.get("higher_is_better", {})
             references = {name for name, spec in recorded.get("specs", {}).items() if spec.get("reference")}
             for name, value in sorted(recorded.get("metrics", {}).items()):
@@ -329,4 +332,4 @@ def load_paper_flops(store_root: str | Path, sweep: str) -> pd.DataFrame:
     steps, ratio = LIDAS / dense training FLOPs); empty when it has not written one."""
     path = Path(store_root) / "sweeps" / sweep / "paper_flops.json"
     columns = ["size", "layers", "block", "steps", "ratio"]
-    return pd.DataFrame(_read_json(path), columns=columns) if path.is_file() else pd.DataFrame(columns=columns)
+    return pd.DataFrame(read_json(path), columns=columns) if path.is_file() else pd.DataFrame(columns=columns)

@@ -57,6 +57,7 @@ from orchestrator.identity import PerSiblings
 FORMAT_VERSION = 3
 DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
     "done", "failed", "running", "pending", "interrupted", "corrupt")
+RUN_JSON = ("state.json", "metrics.json")  # a run's JSON files, parse-checked by `inspect`
 WAITING = "waiting"  # a multi-node job whose nodes the cluster cannot give now (`waiting_for` says what)
 
 
@@ -246,33 +247,35 @@ class Store:
         """What is wrong with the run's files, one line each; cheap (no checkpoint is hashed)."""
         return self.inspect(run_id)[0]
 
-    def inspect(self, run_id: str) -> tuple[list[str], Optional[dict]]:
-        """The run's problems, and its state as parsed (None when missing or unreadable)."""
-        found, parsed = [], {}
-        for name in ("state.json", "metrics.json"):
+    def inspect(self, run_id: str) -> tuple[list[str], dict[str, Optional[dict]]]:
+        """The run's problems, and its JSON files (state.json, metrics.json) as parsed: None when
+        missing or unreadable (`report` hands them to the analysis, which reads no file twice)."""
+        found, parsed, unreadable = [], {}, set()
+        for name in RUN_JSON:
             try:
                 parsed[name] = read_json(self.run_file(run_id, name))
             except ValueError as e:  # "<path>: unreadable JSON (<why>)"
+                parsed[name] = None
+                unreadable.add(name)
                 found.append(f"{name} {str(e).split(': ', 1)[1]}")
-        state = parsed.get("state.json")
-        jobs = (state or {}).get("jobs", {})
-        no_metrics = "metrics.json" in parsed and parsed["metrics.json"] is None  # read, not there
+        jobs = (parsed["state.json"] or {}).get("jobs", {})
+        no_metrics = parsed["metrics.json"] is None and "metrics.json" not in unreadable
         if no_metrics and any(j.get("status") == DONE for j in jobs.values()):
             found.append("metrics.json missing although a job is done")
         for path in self._checkpoints(run_id):
             if bad := integrity.problem(path, full=False):
                 found.append(f"checkpoint {bad}")
-        return found, state
+        return found, parsed
 
     def recover(self, run_id: str, jobs: list[str]) -> dict:
         """Undo the run's problems (the caller holds its claim): bad files are moved aside and
         every job is set to do again, keeping its attempt count. Returns the run's state, with
         the problems found this time last in its `recovered` list."""
-        found, state = self.inspect(run_id)
+        found, parsed = self.inspect(run_id)
         if not found:
-            return state or _untouched(run_id)
-        run_dir, state = self.run_dir(run_id), state or {}
-        for name in ("state.json", "metrics.json"):
+            return parsed["state.json"] or _untouched(run_id)
+        run_dir, state = self.run_dir(run_id), parsed["state.json"] or {}
+        for name in RUN_JSON:
             try:
                 read_json(run_dir / name)
             except ValueError:

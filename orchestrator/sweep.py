@@ -211,18 +211,19 @@ def report(store: Store, name: str, console: Console, tracker: Optional[tracking
     if damaged:
         raise StoreError(f"sweep {name}: run {damaged[0][0]}: {damaged[0][1]} ({len(damaged)} "
                          f"problems, see `status`); run the sweep again to repair them")
-    states = {r: state or {} for r, (_, state) in inspected.items()}
+    states = {r: files["state.json"] or {} for r, (_, files) in inspected.items()}
     if not any(state.get("status") == DONE for state in states.values()):
         console.print(f"sweep {name}: no finished runs yet; nothing to report")
         return 1
-    upgrade(store)
+    upgraded = upgrade(store)  # rewrites metrics.json of format 1: the analysis reads them anew
     if outdated := _outdated(store, name, states):
         console.print(f"warning: sweep {name}: results of {', '.join(f'{job} ({n} runs)' for job, n in outdated.items())} "
                       f"were recorded by an earlier revision of the evaluation or with other settings, and are "
                       f"reported as recorded; run the sweep again (the same command) to evaluate them anew on "
                       f"the existing checkpoints (nothing retrains)", markup=False, soft_wrap=True)
     _write_paper_flops(store, name)
-    result = analysis.analyse(store.root, name)
+    result = analysis.analyse(store.root, name,
+                              read=None if upgraded else lambda rid, file: inspected[rid][1][file])
     path = analysis.save_report(result, store.root)
     console.print(analysis.render_summary(result))
     console.print(f"report: {path}")

@@ -1,12 +1,14 @@
 """The one atomic writer (common/atomic.py): old or new content, never a part; one permission
 policy (shared results 0644, secrets 0600); nothing left behind when a write fails."""
+import json
 import os
 import stat
 
 import pandas as pd
 import pytest
+import yaml
 
-from common.atomic import SECRET, read_json, write_atomic, write_json, write_parquet, write_text
+from common.atomic import SECRET, read_json, read_yaml, write_atomic, write_json, write_parquet, write_text, write_yaml
 
 
 @pytest.fixture
@@ -45,3 +47,17 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path):
     with pytest.raises(ValueError, match="unreadable JSON"):
         read_json(tmp_path / "torn.json")
     assert read_json(tmp_path / "missing.json") is None
+
+
+def test_yaml_records_are_written_in_json_form_and_both_forms_read_alike(tmp_path):
+    """`write_yaml` writes YAML's JSON form, which every YAML reader reads; `read_yaml` reads it,
+    and the block style this project wrote before, to the same object."""
+    record = {"name": "s", "run_ids": [f"{i:012x}" for i in range(3)], "looks": [{"level": 0.025, "n": 2}],
+              "note": "a: colon, a 'quote' and \u00e9"}
+    write_yaml(tmp_path / "new.yaml", record)
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(record))
+    assert json.loads((tmp_path / "new.yaml").read_text()) == record
+    assert yaml.safe_load((tmp_path / "new.yaml").read_text()) == record
+    assert read_yaml(tmp_path / "new.yaml") == read_yaml(tmp_path / "old.yaml") == record
+    (tmp_path / "flow.yaml").write_text("{name: s, run_ids: [a, b]}\n")  # YAML's flow style, not JSON
+    assert read_yaml(tmp_path / "flow.yaml") == {"name": "s", "run_ids": ["a", "b"]}

@@ -174,3 +174,37 @@ def test_status_of_a_large_sweep_prints_counts_and_the_runs_that_need_a_look(tmp
     out = io.StringIO()
     status(store, ["s"], Console(file=out, width=200), check=False, every=True)
     assert all(rid in out.getvalue() for rid in ids)
+
+
+def test_a_snapshot_of_format_1_is_read_and_one_with_broken_columns_is_rebuilt(tmp_path):
+    """A store indexed by the earlier format (a record per run) reads as it is; a snapshot whose
+    columns disagree in length is damage, rebuilt like any other."""
+    store = _store(tmp_path)
+    root, truth = str(store.root), _truth(store)
+    runs = index.read(root).runs
+    assert index.compact(root)
+    directory = index.directory(root)
+    (name,) = [n for n in os.listdir(directory) if index.SNAPSHOT.fullmatch(n)]
+    generation = int(index.SNAPSHOT.fullmatch(name).group(1))
+    with open(os.path.join(directory, name), "w") as f:
+        json.dump({"format": 1, "generation": generation, "runs": runs, "folded": {}}, f)
+    assert _indexed(store) == truth
+    with open(os.path.join(directory, name)) as f:
+        assert json.load(f)["format"] == 1
+    with open(os.path.join(directory, name), "w") as f:
+        json.dump({"format": index.FORMAT, "generation": generation, "folded": {}, "runs": list(truth),
+                   "v": [1], "status": [DONE], "error": {}, "jobs": [0], "job_tables": [{}]}, f)
+    assert "index damaged" in _status_text(store, ["s"])
+    assert _indexed(store) == truth
+
+
+def test_the_snapshot_holds_each_distinct_jobs_table_once(tmp_path):
+    store = _store(tmp_path, runs=20)
+    assert index.compact(str(store.root))
+    directory = index.directory(str(store.root))
+    (name,) = [n for n in os.listdir(directory) if index.SNAPSHOT.fullmatch(n)]
+    with open(os.path.join(directory, name)) as f:
+        snapshot = json.load(f)
+    assert len(snapshot["runs"]) == 20 and len(snapshot["job_tables"]) == 2  # done, and r001's failed noop
+    assert snapshot["error"] == {"r001": "ValueError: boom"}
+    assert index.read(str(store.root)).runs["r001"]["jobs"] == {"train": [DONE, 1], "noop": [FAILED, 1]}

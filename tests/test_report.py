@@ -2,6 +2,7 @@
 
 import base64
 import html
+import importlib
 import itertools
 import json
 import re
@@ -570,3 +571,21 @@ def test_report_is_the_one_written_before_the_store_index_and_the_summarised_tab
     (tests/data/report_before_scale, written by commit 683327b)."""
     report = write_report(request.getfixturevalue(fixture), name).read_text()
     assert report == (Path(__file__).parent / "data" / "report_before_scale" / f"{fixture}.md").read_text()
+
+
+def test_run_files_handed_over_are_not_read_again_and_give_the_same_report(store, monkeypatch):
+    """The orchestrator's report checks every run's files and hands them to the analysis
+    (`analyse(read=...)`): the report is the one the analysis writes reading the store itself, and
+    no run's state.json or metrics.json is opened a second time."""
+    from orchestrator.store import Store
+
+    load = importlib.import_module("analysis.load")  # the module (the package's `load` is its function)
+
+    from_disk = render_markdown(analyse(store, "demo"))
+    runs = Store(store)
+    files = {rid: runs.inspect(rid)[1] for rid in runs.read_sweep("demo")["run_ids"]}
+    opened = []
+    monkeypatch.setattr(load, "read_json", lambda path: opened.append(str(path)) or json.loads(Path(path).read_text()))
+    handed = analyse(store, "demo", read=lambda rid, name: files[rid][name])
+    assert render_markdown(handed) == from_disk
+    assert not [p for p in opened if "/runs/" in p] and any(p.endswith("store.json") for p in opened)
