@@ -5,9 +5,10 @@
 2. overhead: N no-op jobs through the full path (plan, Ray task, claim, state and metrics files)
    against N raw Ray tasks of an empty function, on the same Ray cluster, in the same run:
    alternating rounds with warm workers (medians), and the first sweep, whose workers import
-   torch and the job code, on its own. A third path between them swaps the worker's `execute`
-   for one that returns at once: our task shape and the driver's bookkeeping without the
-   store's work (claim, checks, state and metrics writes), so the two differences split the cost.
+   torch and the job code, on its own. A third path between them swaps the task functions
+   (`execute`, and `execute_runs` of a batch of short runs) for ones that return at once: our
+   tasks and the driver's bookkeeping without the store's work (claim, checks, state and metrics
+   writes), so the two differences split the cost.
 3. planning: composing the no-op grid (N seeds) as the sweep does, against Hydra composing
    each point on its own (timed on the first 50 points).
 
@@ -22,6 +23,7 @@ docs/performance/sweep_efficiency.md, which docs/performance.md includes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import statistics
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 from unittest import mock
 
 from rich.console import Console
@@ -89,10 +92,23 @@ def noop_runs(n: int, root: Path) -> tuple[list, Store, object]:
     return runs, store, cfgs[0].cluster.executor()
 
 
-def store_free(job: str, run_id: str, store_root: str, cfg: object, *after: object, **_: object) -> tuple[str, dict]:
+def _execute_free(job: str, run_id: str, store_root: str, cfg: object, *after: object, **_: object) -> tuple[str, dict]:
     """Stands in for orchestrator.worker.execute: same task, no store work; the state it returns
     says the job is done, as the real one's would."""
     return "done", {"jobs": {job: {"status": "done"}}}
+
+
+def _execute_runs_free(store_root: str, runs: list) -> list[dict]:
+    """Stands in for orchestrator.worker.execute_runs (a batch of short runs), likewise."""
+    return [{"jobs": {job: {"status": "done"} for job in todo}} for _, _, todo, _ in runs]
+
+
+@contextlib.contextmanager
+def store_free() -> Iterator[None]:
+    """The driver's tasks and bookkeeping without the store's work: the task functions stubbed."""
+    with mock.patch.object(ray_driver, "execute", _execute_free), \
+            mock.patch.object(ray_driver, "execute_runs", _execute_runs_free):
+        yield
 
 
 def overhead(n: int, root: Path, rounds: int) -> None:
@@ -116,15 +132,15 @@ def overhead(n: int, root: Path, rounds: int) -> None:
         executor.run(runs, "bench", [], store, Console(file=open(os.devnull, "w")))
         return time.monotonic() - t0
 
-    def store_free(*planned) -> float:
-        with mock.patch.object(ray_driver, "execute", store_free):
+    def without_store(*planned) -> float:
+        with store_free():
             return full(*planned)
 
     cold = full(*stores["full", 0])  # its workers import torch and the job code first
     walls = {"raw": [], "store_free": [], "full": []}
     for r in range(1, rounds + 1):  # alternating, so that machine noise hits all alike
         walls["raw"].append(raw())
-        walls["store_free"].append(store_free(*stores["store_free", r]))
+        walls["store_free"].append(without_store(*stores["store_free", r]))
         walls["full"].append(full(*stores["full", r]))
     session.__exit__(None, None, None)
     raw_s, free_s, full_s = (statistics.median(walls[k]) for k in ("raw", "store_free", "full"))

@@ -109,6 +109,27 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
     return DONE, state
 
 
+def execute_runs(store_root: str, runs: list[tuple[str, Any, list[str], Optional[str]]]) -> list[dict]:
+    """Several short runs in one task, each run's jobs in turn by `execute`: the driver batches
+    runs whose jobs take milliseconds, for which a Ray task per job costs more than the job
+    (ray_driver.py `Feed`). `runs`: (run id, config, jobs to do, config.yaml text) each.
+
+    Returns each run's state. A run that fails does not stop the others: its error is in its
+    state (`execute` wrote it), and the task raises once every run was tried, so that Ray
+    retries it as it retries a job (the runs done meanwhile come back cached)."""
+    states, failed = [], []
+    for run_id, cfg, todo, text in runs:
+        try:
+            for job in todo:
+                _, state = execute(job, run_id, store_root, cfg, config_text=text)
+            states.append(state)
+        except Exception as e:  # noqa: BLE001  recorded in the run's state; raised below
+            failed.append(f"{run_id}: {type(e).__name__}: {e}")
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(runs)} runs of a batch failed; the first, {failed[0]}")
+    return states
+
+
 def _multi_process(job: str, cfg: Any, run_dir: Path, run_id: str, rendezvous: Optional[dict],
                    progress: Optional[Progress]) -> Optional[JobResult]:
     """This node's share of a job of several processes; node rank 0 returns the job's result.

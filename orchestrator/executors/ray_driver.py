@@ -12,10 +12,13 @@ ever), so `check_fit` refuses those against the live nodes before anything is su
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import os
 import signal
 import time
+from collections import Counter, deque
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from rich.console import Console
@@ -28,7 +31,7 @@ from orchestrator.executors import Executor, Outcome
 from orchestrator.identity import SeedTemplates
 from orchestrator.plan import PlannedRun, bundle_of, check_fit, jobs_of, processes_of
 from orchestrator.store import DONE, FAILED, INTERRUPTED, RUNNING, Store, config_yaml
-from orchestrator.worker import execute, execute_nodes
+from orchestrator.worker import execute, execute_nodes, execute_runs
 
 
 def multi_node(cfg: Any, job: str) -> bool:
@@ -98,7 +101,8 @@ class RayExecutor(Executor):
         with self.session():
             nodes = live_nodes()
             check_fit(todo, nodes)
-            feed = Feed(todo, str(store.root.resolve()), window(nodes))  # tasks may run elsewhere (a shipped working_dir)
+            feed = Feed(todo, str(store.root.resolve()), window(nodes), cpus=int(sum(n.get("CPU", 0) for n in nodes)),
+                        batch=len(todo) > LISTED)  # the root resolved: tasks may run elsewhere (a shipped working_dir)
             outcome.update(_drive(feed, view.Tally(len(runs), len(outcome), active=feed.active), store, console))
         return Outcome(outcome)
 
@@ -113,34 +117,111 @@ def window(nodes: list[dict[str, float]]) -> int:
 WINDOW = 1000
 
 
+@dataclass
+class Task:
+    """What one Ray task in flight does: one job of one run, or (`job` None) every job to do of
+    several short runs, in turn (`worker.execute_runs`)."""
+    runs: list[PlannedRun]
+    job: Optional[str]
+
+    def jobs(self) -> Iterator[tuple[PlannedRun, str]]:
+        return ((r, job) for r in self.runs for job in ([self.job] if self.job else r.todo))
+
+
+SHORT_S = 0.05  # a kind of run whose jobs took less than this, together, is batched
+BATCH_S = 0.25  # of such runs' work per task
+MAX_BATCH = 64
+TIMED = 4  # runs of a kind timed, one task per job, before its runs may be batched
+
+
 class Feed:
     """The runs to do, submitted longest first, a whole run (train, then its evaluations, each
     waiting on the train task) at a time, while fewer than `window` jobs are in flight. Each
-    task gets its run's config.yaml text, rendered once per group of seed variants."""
+    task gets its run's config.yaml text, rendered once per group of seed variants.
 
-    def __init__(self, runs: list[PlannedRun], root: str, window: int):
+    Runs whose jobs take milliseconds (a Ray task costs about one) are batched, several to a
+    task: in a large sweep (`batch`), the first `TIMED` runs of each kind (the same jobs, family
+    and size) run a task per job, and once their jobs took less than `SHORT_S` together, the
+    next runs of that kind go `BATCH_S` of work to a task, fewer when that would leave cores idle
+    at the end. Meanwhile at most one window of a core's share of that kind is submitted, so the
+    timing comes before most of the kind is."""
+
+    def __init__(self, runs: list[PlannedRun], root: str, window: int, cpus: int = 1, batch: bool = False):
         import ray
 
-        self.runs, self.root, self.window = iter(runs), root, window
+        self.runs, self.root, self.window, self.cpus = deque(runs), root, window, max(1, cpus)
         self.remote, self.coordinate = ray.remote(execute), ray.remote(execute_nodes)
+        self.batched = ray.remote(execute_runs)
         self.texts = SeedTemplates(config_yaml)
-        self.inflight: dict[Any, tuple[PlannedRun, str]] = {}
+        self.inflight: dict[Any, Task] = {}
         self.active: dict[str, PlannedRun] = {}  # the runs with a job in flight
+        self.jobs_in_flight = 0
         self._jobs_left: dict[str, int] = {}
+        self._kinds = Counter(_kind(r) for r in runs if batch and _batchable(r))  # runs left to submit
+        self._timed: dict[tuple, list[float]] = {kind: [] for kind in self._kinds}  # seconds of each timed run
+        self._flying: Counter = Counter()  # kind -> its runs in flight
+        self.batched_runs = 0
 
     def fill(self) -> None:
-        """Submit runs until the window is full."""
-        while len(self.inflight) < self.window and (r := next(self.runs, None)) is not None:
-            self.submit(r)
-            self.active[r.run_id], self._jobs_left[r.run_id] = r, len(r.todo)
+        """Submit runs until the window is full (or a kind still being timed has its share out)."""
+        while self.jobs_in_flight < self.window and self.runs:
+            r = self.runs[0]
+            size = self._batch_size(r)
+            if size == 0:
+                return
+            batch = [self.runs.popleft()]
+            while len(batch) < size and self.runs and _kind(self.runs[0]) == _kind(r):
+                batch.append(self.runs.popleft())
+            if len(batch) > 1:
+                self._submit_batch(batch)
+            else:
+                self.submit(r)
+            for b in batch:
+                self.active[b.run_id], self._jobs_left[b.run_id] = b, len(b.todo)
+                self.jobs_in_flight += len(b.todo)
+                if _kind(b) in self._kinds:
+                    self._kinds[_kind(b)] -= 1
+                    self._flying[_kind(b)] += 1
 
-    def pop(self, ref: Any) -> tuple[PlannedRun, str]:
-        """The run and job of a finished task, no longer in flight."""
-        r, job = self.inflight.pop(ref)
-        self._jobs_left[r.run_id] -= 1
-        if not self._jobs_left[r.run_id]:
-            del self.active[r.run_id], self._jobs_left[r.run_id]
-        return r, job
+    def _batch_size(self, r: PlannedRun) -> int:
+        """How many runs of `r`'s kind the next task takes: 1 until it is timed, 0 (none now)
+        while it is timed and a window's worth is in flight already."""
+        kind = _kind(r)
+        if kind not in self._kinds:
+            return 1
+        timed = self._timed[kind]
+        if len(timed) < TIMED:
+            return 1 if self._flying[kind] < 2 * self.cpus else 0
+        took = sum(timed) / len(timed)
+        if took >= SHORT_S:
+            return 1
+        tail = self._kinds[kind] // (2 * self.cpus)  # every core gets two tasks of what is left
+        return max(1, min(MAX_BATCH, int(BATCH_S / max(took, 1e-4)), tail))
+
+    def time(self, r: PlannedRun, state: dict) -> None:
+        """Note how long a run's jobs took, once the run is done (its kind's batching waits on it)."""
+        timed = self._timed.get(_kind(r))
+        if timed is None or len(timed) >= TIMED:
+            return
+        seconds = 0.0
+        for job in r.todo:
+            entry = state["jobs"].get(job, {})
+            if entry.get("started_at") and entry.get("ended_at"):
+                seconds += (dt.datetime.fromisoformat(entry["ended_at"])
+                            - dt.datetime.fromisoformat(entry["started_at"])).total_seconds()
+        timed.append(seconds)
+
+    def pop(self, ref: Any) -> Task:
+        """The task that finished, no longer in flight."""
+        task = self.inflight.pop(ref)
+        for r, _ in task.jobs():
+            self._jobs_left[r.run_id] -= 1
+            self.jobs_in_flight -= 1
+            if not self._jobs_left[r.run_id]:
+                del self.active[r.run_id], self._jobs_left[r.run_id]
+                if _kind(r) in self._kinds:
+                    self._flying[_kind(r)] -= 1
+        return task
 
     def submit(self, r: PlannedRun) -> None:
         train_ref, text = None, self.texts(r.config)
@@ -151,7 +232,29 @@ class Feed:
                              retry_exceptions=True, name=f"{r.label}:{job}").remote(
                 job, r.run_id, self.root, r.config, *after, config_text=text)
             train_ref = ref if job == "train" else train_ref
-            self.inflight[ref] = (r, job)
+            self.inflight[ref] = Task([r], job)
+
+    def _submit_batch(self, runs: list[PlannedRun]) -> None:
+        first = runs[0]
+        ref = self.batched.options(**job_resources(first.config, first.todo[0]),
+                                   max_retries=first.config.train.max_retries, retry_exceptions=True,
+                                   name=f"{first.label}+{len(runs) - 1}").remote(
+            self.root, [(r.run_id, r.config, r.todo, self.texts(r.config)) for r in runs])
+        self.inflight[ref] = Task(runs, None)
+        self.batched_runs += len(runs)
+
+
+def _batchable(r: PlannedRun) -> bool:
+    """Whether the run's jobs may share a task with other runs': each of one process on one
+    node, all needing the same resources."""
+    cfg = r.config
+    return (all(processes_of(cfg, job) == (1, 1) for job in r.todo) and not cfg.backend.launches_ranks
+            and len({tuple(sorted(job_resources(cfg, job).items())) for job in r.todo}) == 1)
+
+
+def _kind(r: PlannedRun) -> tuple:
+    """Runs of one kind take about as long as each other: the same jobs, family, size and steps."""
+    return (tuple(r.todo), r.config.family.name, r.config.model.name, r.config.train.steps)
 
 
 RAY_OPTIONS: dict[str, Any] = dict(log_to_driver=False, logging_level="WARNING")  # of every ray.init here
@@ -181,7 +284,7 @@ def _drive(feed: Feed, tally: view.Tally, store: Store, console: Console) -> dic
                 # first), then one refresh of the view and the window filled again.
                 refs = list(feed.inflight)
                 ready, _ = ray.wait(refs, num_returns=min(len(refs), max(1, feed.window // 4)), timeout=0.5)
-                lines = [line for ref in ready if (line := _finished(ref, feed, tally, store, listed))]
+                lines = [line for ref in ready for line in _finished(ref, feed, tally, store, listed)]
                 if lines:  # one print per batch: rich's rendering costs more than the line
                     live.console.print("\n".join(lines), highlight=False, soft_wrap=True)
                 feed.fill()
@@ -198,21 +301,41 @@ def _drive(feed: Feed, tally: view.Tally, store: Store, console: Console) -> dic
 LISTED = 200  # runs to do up to which each finished job gets a line
 
 
-def _finished(ref: Any, feed: Feed, tally: view.Tally, store: Store, listed: bool) -> Optional[str]:
-    """Record one finished task (its run's state comes back with it); its line, if any."""
+def _finished(ref: Any, feed: Feed, tally: view.Tally, store: Store, listed: bool) -> list[str]:
+    """Record one finished task (its runs' states come back with it); its lines."""
     import ray
 
-    r, job = feed.pop(ref)
+    task = feed.pop(ref)
     try:
-        _, state = ray.get(ref)
-    except Exception as e:  # the job failed after its retries
+        result = ray.get(ref)
+    except Exception as e:  # the task failed after its retries
+        return _failed(task, e, tally, store)
+    lines = []
+    for r, state in zip(task.runs, [result[1]] if task.job else result):
+        run_done = all(state["jobs"].get(j, {}).get("status") == DONE for j in r.todo)
+        if run_done:
+            tally.ended[r.run_id] = DONE
+            feed.time(r, state)
+        if listed:
+            lines += [view.finished_line(r, job, state, store if run_done else None)
+                      for job in ([task.job] if task.job else r.todo)]
+    return lines
+
+
+def _failed(task: Task, error: Exception, tally: view.Tally, store: Store) -> list[str]:
+    """A task that failed after its retries: its job (a batch: the first job not done of each of
+    its runs; the others are done) failed, or its worker died."""
+    lines = []
+    for r in task.runs:
+        state = store.read_state(r.run_id).get("jobs", {})
+        job = task.job or next((j for j in r.todo if state.get(j, {}).get("status") != DONE), None)
+        if job is None:
+            tally.ended[r.run_id] = DONE
+            continue
         tally.ended[r.run_id] = FAILED
-        _record_crash(store, r, job, e)
-        return view.failed_line(r, job, store)
-    run_done = all(state["jobs"].get(j, {}).get("status") == DONE for j in r.todo)
-    if run_done:
-        tally.ended[r.run_id] = DONE
-    return view.finished_line(r, job, state, store if run_done else None) if listed else None
+        _record_crash(store, r, job, error)
+        lines.append(view.failed_line(r, job, store))
+    return lines
 
 
 def _record_crash(store: Store, r: PlannedRun, job: str, error: Exception) -> None:
@@ -230,7 +353,7 @@ def _interrupt(inflight: dict, store: Store, console: Console) -> None:
     for ref in inflight:
         ray.cancel(ref, force=True)
     deadline = time.monotonic() + 10
-    pending = {(r.run_id, job, tuple(jobs_of(r.config))) for r, job in inflight.values()}
+    pending = {(r.run_id, job, tuple(jobs_of(r.config))) for task in inflight.values() for r, job in task.jobs()}
     while pending and time.monotonic() < deadline:
         for rid, job, jobs in list(pending):
             with store.claim(rid, wait=False) as got:
