@@ -335,6 +335,13 @@ def _s(x: float) -> str:
     return f"{x:.2f}s" if x < 10 else f"{x:.0f}s"
 
 
+def _remove(path: Path) -> None:
+    """Delete a store, and wait for the disk to have done it: the next measurement should not
+    pay for this one's deletions."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.sync()
+
+
 def measure(sizes: list[int], base: Path) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for n in sizes:
@@ -342,13 +349,13 @@ def measure(sizes: list[int], base: Path) -> dict[int, dict]:
         m: dict[str, Any] = {}
         console.print(f"[bold]{n:,} runs[/]: plan, dry run")
         m["plan"] = child("plan", n, plan_root, [])
-        shutil.rmtree(plan_root)
+        _remove(plan_root)
         m["dry"] = child("cli", n, plan_root, ["sweep", *grid(n, plan_root), "--name", SWEEP, "--dry-run"])
         console.print("  driver (no-op jobs through Ray) and raw Ray tasks")
         m["driver"] = child("driver", n, base / f"driver{n}", [])
-        shutil.rmtree(base / f"driver{n}", ignore_errors=True)
+        _remove(base / f"driver{n}")
         m["store"] = child("store", n, base / f"store_work{n}", [])
-        shutil.rmtree(base / f"store_work{n}", ignore_errors=True)
+        _remove(base / f"store_work{n}")
         console.print("  store built by its writer")
         m["build"] = child("build", n, store, [])
         m["status"] = child("cli", n, store, ["status", "--store", str(store)])
