@@ -9,11 +9,13 @@ Rows (docs/performance.md explains each and its target):
 - driver: N no-op jobs (`eval.jobs=[noop]`, the run's train job left out as in
   bench/sweep_efficiency.py) through the full path on a local Ray cluster (back-pressure,
   batching of short runs, claims, state, metrics and index writes), its wall time against N raw
-  Ray tasks of an empty function on the same cluster, and the driver's peak memory (VmHWM); then
-  the same jobs' store work alone, without Ray (`worker.execute` in two processes);
+  Ray tasks of an empty function on the same cluster, and the driver's peak memory (VmHWM); in
+  the same Ray session the full path again with its store on tmpfs, and without the store's
+  work (the task functions stubbed);
 - store build: the read paths read a store built by the store's own writer (`worker.execute` of
   train and noop per run, the train job's work replaced by synthetic metrics: a lower final loss
-  for looped), in two processes; how long that takes is printed, without a target;
+  for looped), in two processes, its index then folded as a sweep folds it when its jobs are
+  done; how long that takes is printed, without a target;
 - status, status <sweep>, status after the index is deleted (a rebuild), report: the commands as
   a user runs them, each in a process of its own, with its wall time, peak memory and lines.
 - peers: raw Ray, Ray Tune with a trivial trainable, Hydra's multirun with its basic launcher,
@@ -131,24 +133,32 @@ def _noop_runs(n: int, root: Path) -> tuple[list, Any, Any]:
 
 
 def child_driver(n: int, root: Path) -> dict:
-    """The full path for N no-op jobs, then N raw Ray tasks, on one Ray cluster with warm workers."""
+    """The full path for N no-op jobs (its store on `root`'s disk, then on tmpfs), the same
+    without the store's work, then N raw Ray tasks, on one Ray cluster with warm workers."""
     import ray
 
     from bench.sweep_efficiency import store_free
 
     warm = _noop_runs(100, root / "warm")
-    runs, store, executor = _noop_runs(n, root / "driver")
+    executor = warm[2]
+
+    def full_path(store_root: Path) -> float:
+        runs, store, _ = _noop_runs(n, store_root)
+        t0 = time.monotonic()
+        outcome = executor.run(runs, SWEEP, [], store, _quiet())
+        wall = time.monotonic() - t0
+        if sorted(set(outcome.statuses.values())) != ["done"] or len(outcome.statuses) != n:
+            raise RuntimeError(f"the full path did not finish every job: {Counter(outcome.statuses.values())}")
+        return wall
+
     with executor.session():
         executor.run(*warm[:1], SWEEP, [], warm[1], _quiet())  # workers import torch and the job code
         before = peak_mb()
-        t0 = time.monotonic()
-        outcome = executor.run(runs, SWEEP, [], store, _quiet())
-        full = time.monotonic() - t0
-        if sorted(set(outcome.statuses.values())) != ["done"] or len(outcome.statuses) != n:
-            raise RuntimeError(f"the full path did not finish every job: {Counter(outcome.statuses.values())}")
+        full = full_path(root / "driver")
         mb = peak_mb()
-        del runs, outcome
-        # What bounds the full path: the same tasks and driver without the store's work.
+        # What bounds the full path: the same on a filesystem in memory, and without the store's work.
+        with tempfile.TemporaryDirectory(prefix="scale-", dir=TMPFS) as memory:
+            in_memory = full_path(Path(memory))
         runs, store, _ = _noop_runs(n, root / "store_free")
         with store_free():
             t0 = time.monotonic()
@@ -158,39 +168,31 @@ def child_driver(n: int, root: Path) -> dict:
         t0 = time.monotonic()
         ray.get([noop.remote(i) for i in range(n)])
         raw = time.monotonic() - t0
-    return {"full": full, "free": free, "raw": raw, "mb": mb, "mb_before": before}
+    return {"full": full, "tmpfs": in_memory, "free": free, "raw": raw, "mb": mb, "mb_before": before}
 
 
-def _noop_jobs(args: tuple[str, list]) -> None:
-    from orchestrator.worker import execute
-
-    root, runs = args
-    for run_id, cfg, text in runs:
-        execute("noop", run_id, root, cfg, config_text=text)
+TMPFS = "/dev/shm"  # where the full path is measured again with its store in memory
 
 
-def child_store(n: int, root: Path, processes: int = 2) -> dict:
-    """The store's work of N no-op jobs alone (`worker.execute` in `processes` processes, no Ray):
-    what the full path costs beyond Ray when its tasks are batched."""
+def child_store(n: int, root: Path) -> dict:
+    """The store's work of N no-op jobs alone, `worker.execute` in this process without Ray, and
+    its profile (what the overhead's note shows)."""
+    import cProfile
+
     from orchestrator.store import config_yaml
+    from orchestrator.worker import execute
 
     warm, warm_store, _ = _noop_runs(2, root / "warm")
     text = config_yaml(warm[0].config)  # the no-op job reads none of it
-    _noop_jobs((str(warm_store.root), [(r.run_id, r.config, text) for r in warm]))  # as the Ray workers are
+    for r in warm:  # as the Ray workers are, warm
+        execute("noop", r.run_id, str(warm_store.root), r.config, config_text=text)
     runs, store, _ = _noop_runs(n, root / "store")
-    work = [(str(store.root), [(r.run_id, r.config, text) for r in runs[i::processes]]) for i in range(processes)]
+    profiler = cProfile.Profile()
     t0 = time.monotonic()
-    if processes == 1:
-        _noop_jobs(work[0])
-    else:  # forked processes inherit their share (a pool would pickle every config to them)
-        procs = [multiprocessing.get_context("fork").Process(target=_noop_jobs, args=(w,)) for w in work]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        if any(p.exitcode for p in procs):
-            raise RuntimeError(f"the store's work failed: exit codes {[p.exitcode for p in procs]}")
-    return {"wall": time.monotonic() - t0}
+    with profiler:
+        for r in runs:
+            execute("noop", r.run_id, str(store.root), r.config, config_text=text)
+    return {"wall": time.monotonic() - t0, "profile": _top(profiler)}
 
 
 def _synthetic(job: str, family: str, seed: int) -> Any:
@@ -225,6 +227,7 @@ def _write_runs(args: tuple[str, list]) -> None:
 
 def child_build(n: int, root: Path) -> dict:
     """A store of N finished runs, written by the store's writer in two processes."""
+    from orchestrator import index
     from orchestrator.identity import run_ids
     from orchestrator.sweep import Sweep
 
@@ -236,6 +239,7 @@ def child_build(n: int, root: Path) -> dict:
     pairs = list(zip(ids, sweep.configs))
     with multiprocessing.get_context("fork").Pool(2) as pool:
         pool.map(_write_runs, [(str(root), pairs[i::2]) for i in range(2)])
+    index.fold(str(root))  # as a sweep does once its jobs are done
     return {"wall": time.monotonic() - t0, "bytes": _bytes(root), "runs": len(ids)}
 
 
@@ -288,7 +292,7 @@ def child_hydra(n: int, root: Path) -> dict:
 
 CHILDREN: dict[str, Callable[..., dict]] = {
     "plan": child_plan, "driver": child_driver, "store": child_store, "build": child_build, "tune": child_tune,
-    "hydra": child_hydra, "store_alone": lambda n, root: child_store(n, root, processes=1)}
+    "hydra": child_hydra}
 
 
 def child(part: str, n: int, root: Path, argv: list[str]) -> dict:
@@ -303,17 +307,24 @@ def child(part: str, n: int, root: Path, argv: list[str]) -> dict:
     return result
 
 
-def profile(part: str, n: int, root: Path, argv: list[str], top: int = 8) -> list[str]:
-    """The functions that bound a measurement that missed its target (cProfile, cumulative)."""
+def profile(part: str, n: int, root: Path, argv: list[str]) -> list[str]:
+    """The functions that bound a measurement that missed its target (cProfile, own time)."""
+    if part == "store":  # profiles itself, its loop alone
+        return child(part, n, root, argv)["profile"]
     out = root.parent / f"{part}-{n}.prof"
     cmd = [sys.executable, "-m", "cProfile", "-o", str(out), __file__, "--child", part, "--n", str(n),
            "--root", str(root), "--", *argv]
     subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    return _top(str(out))
+
+
+def _top(stats: Any, top: int = 8) -> list[str]:
+    """The first lines of a profile (a cProfile.Profile or a file of one) by own time."""
     import io
     import pstats
 
     text = io.StringIO()
-    pstats.Stats(str(out), stream=text).sort_stats("tottime").print_stats(top)
+    pstats.Stats(stats, stream=text).sort_stats("tottime").print_stats(top)
     lines = [line for line in text.getvalue().splitlines() if line.strip() and line.lstrip()[0].isdigit()]
     return lines[:top]
 
@@ -354,8 +365,6 @@ def measure(sizes: list[int], base: Path) -> dict[int, dict]:
         console.print("  driver (no-op jobs through Ray) and raw Ray tasks")
         m["driver"] = child("driver", n, base / f"driver{n}", [])
         _remove(base / f"driver{n}")
-        m["store"] = child("store", n, base / f"store_work{n}", [])
-        _remove(base / f"store_work{n}")
         console.print("  store built by its writer")
         m["build"] = child("build", n, store, [])
         m["status"] = child("cli", n, store, ["status", "--store", str(store)])
@@ -368,7 +377,7 @@ def measure(sizes: list[int], base: Path) -> dict[int, dict]:
                      "dry": ("cli", n, plan_root, ["sweep", *grid(n, plan_root), "--name", SWEEP, "--dry-run"]),
                      "status": ("cli", n, store, ["status", "--store", str(store)]),
                      "report": ("cli", n, store, ["report", "--store", str(store), SWEEP]),
-                     "overhead": ("store_alone", PROFILED_JOBS, base / "store_alone", [])}
+                     "overhead": ("store", PROFILED_JOBS, base / "store_alone", [])}
         out[n] = m
     return out
 
@@ -385,8 +394,8 @@ def rows() -> list[Row]:
             lambda m: f"{m['driver']['mb']:.0f} MB", lambda m: m["driver"]["mb"]),
         Row(OVERHEAD, f"<= {t['overhead']:g}x", lambda x: x <= t["overhead"],
             lambda m: f"{m['driver']['full'] / m['driver']['raw']:.2f}x ({_s(m['driver']['full'])} vs"
-                      f" {_s(m['driver']['raw'])}; no store work {m['driver']['free'] / m['driver']['raw']:.2f}x,"
-                      f" the store's work alone {m['store']['wall'] / m['driver']['raw']:.2f}x)",
+                      f" {_s(m['driver']['raw'])}; store on tmpfs {m['driver']['tmpfs'] / m['driver']['raw']:.2f}x,"
+                      f" no store work {m['driver']['free'] / m['driver']['raw']:.2f}x)",
             lambda m: m["driver"]["full"] / m["driver"]["raw"]),
         Row("status (every sweep)", f"<= {t['status_s']:g}s", lambda x: x <= t["status_s"],
             lambda m: f"{_s(m['status']['wall'])}, {m['status']['lines']} lines", lambda m: m["status"]["wall"]),
@@ -406,11 +415,11 @@ def rows() -> list[Row]:
 
 
 OVERHEAD = "no-op jobs, full path / raw Ray tasks"
-OVERHEAD_BOUND = ("The peers table splits it: Ray and the driver (the row with the task functions stubbed; short"
-                  " runs go several to a task, so it is below raw Ray's task per job), and the store's work"
-                  " without Ray (claim, damage check, config, state, metrics and index writes; two processes"
-                  " on the store's disk), which is the floor of the full path. The profile is of that work,"
-                  f" {{jobs:,}} jobs in one process: file creations and renames.")
+OVERHEAD_BOUND = ("The peers table splits it, each measured in the same Ray session: Ray and the driver alone (the"
+                  " task functions stubbed; short runs go several to a task, so it is below raw Ray's task per"
+                  " job), and the full path with its store on tmpfs, which shows what the disk costs. The profile"
+                  " is of the store's work without Ray ({jobs:,} jobs in one process: claim, damage check,"
+                  " config, state, metrics and index writes), file creations and renames first.")
 PROFILED = {"plan (compose, validate, hash, write configs)": "plan", "sweep --dry-run (whole command)": "dry",
             "status (every sweep)": "status", "status <sweep>": "status", "report wall": "report",
             OVERHEAD: "overhead"}
@@ -447,7 +456,7 @@ def peers_table(results: dict[int, dict], tune: dict[int, dict], hydra: dict[int
         table.add_row("raw Ray tasks", f"{n:,}", _s(m["driver"]["raw"]), f"{raw * 1e3:.2f}ms", "1.00")
         for path, wall in (("this project, its tasks and driver, no store work (task functions stubbed)",
                             m["driver"]["free"]),
-                           ("this project, the store's work alone (no Ray, 2 processes)", m["store"]["wall"]),
+                           ("this project, full path, store on tmpfs", m["driver"]["tmpfs"]),
                            ("this project, full path", m["driver"]["full"])):
             table.add_row(path, f"{n:,}", _s(wall), f"{wall / n * 1e3:.2f}ms", f"{wall / m['driver']['raw']:.2f}")
     per_raw = {n: m["driver"]["raw"] / n for n, m in results.items()}

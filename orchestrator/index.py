@@ -260,6 +260,19 @@ def compact(root: str, index: Optional[Index] = None) -> bool:
     return True
 
 
+def fold(root: str) -> None:
+    """Fold what the journals hold past the snapshot into a new one: a sweep does it once its jobs
+    are done, so that the next `status` reads one snapshot, not the hundreds of thousands of
+    lines a large sweep writes. Never raises: a damaged index is `status`'s to rebuild, and one
+    that cannot be written is read as it is."""
+    try:
+        found = read(root)
+        if found.unfolded:
+            compact(root, found)
+    except (IndexDamaged, OSError) as e:
+        log.warning("index of %s not folded: %s; `status` reads it as it is", root, e)
+
+
 def of_states(states: Iterator[tuple[str, dict]]) -> Index:
     """The index of these states (each run's state.json), as `replace` writes it."""
     index = Index(-1)

@@ -25,7 +25,7 @@ from common.atomic import write_json
 from common.settings import ConfigError, to_dict
 from jobs.evals import EVALUATIONS
 from jobs.flops import flop_ratio
-from orchestrator import grid, tracking
+from orchestrator import grid, index, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, recorded_executor
 from orchestrator.identity import run_id, settings_digest
@@ -134,7 +134,10 @@ class Sweep:
         if self.executor.synchronous:
             self.console.print(f"sweep [bold]{self.name}[/]: {len(runs)} runs, {sum(r.cached for r in runs)} "
                                f"cached, store {self.store.root}")
-        return self.executor.run(runs, self.name, self.overrides, self.store, self.console)
+        outcome = self.executor.run(runs, self.name, self.overrides, self.store, self.console)
+        if outcome.finished:
+            index.fold(str(self.store.root))
+        return outcome
 
     def _looks(self, runs: list[PlannedRun]) -> int:
         """The declared looks (statistics.md (f)): each arm (family, size, cell) runs seeds 0..n-1;

@@ -208,3 +208,18 @@ def test_the_snapshot_holds_each_distinct_jobs_table_once(tmp_path):
     assert len(snapshot["runs"]) == 20 and len(snapshot["job_tables"]) == 2  # done, and r001's failed noop
     assert snapshot["error"] == {"r001": "ValueError: boom"}
     assert index.read(str(store.root)).runs["r001"]["jobs"] == {"train": [DONE, 1], "noop": [FAILED, 1]}
+
+
+def test_a_sweep_folds_its_journals_so_status_reads_one_snapshot(tmp_path):
+    """What a sweep does once its jobs are done (index.fold): the journals' lines in a new
+    snapshot, the journals of writers that are gone deleted; nothing to fold, nothing written."""
+    store = _store(tmp_path)
+    root = str(store.root)
+    assert index.read(root).unfolded == 6 * 2 * 2 and index.read(root).generation == -1
+    index.fold(root)
+    folded = index.read(root)
+    assert folded.unfolded == 0 and folded.generation == 0
+    assert os.listdir(os.path.join(index.directory(root), index.JOURNAL)) == [os.path.basename(index.journal(root).path)]
+    index.fold(root)  # the journals hold nothing new: no new generation
+    assert index.read(root).generation == 0
+    assert {rid: rec["status"] for rid, rec in folded.runs.items()} == _truth(store)

@@ -13,6 +13,7 @@ from helpers import CLI, metrics, running_train, start_sweep, sweep, wait_for
 
 import analysis
 from jobs.evals import EVALUATIONS
+from orchestrator import index
 
 MICRO = ["size=micro", "family=lidas,looped,dense", "seed=0,1", "cluster.num_cpus=2"]
 
@@ -116,6 +117,8 @@ def test_rerun_trains_nothing_and_status_reads_the_store(micro_store):
     assert before == {p: p.stat().st_mtime_ns for p in root.glob("runs/*/checkpoints/*.pt")}
     status = subprocess.run([*CLI, "status", "--store", str(root)], capture_output=True, text=True)
     assert status.returncode == 0 and "done 6" in status.stdout
+    folded = index.read(str(root))  # each sweep folded its journals into a snapshot as it ended
+    assert folded.generation >= 0 and folded.unfolded == 0 and len(folded.runs) == 6
     dry = subprocess.run([*CLI, "sweep", *MICRO, "seed=0,1,2", f"store.root={root}", "--dry-run"],
                          capture_output=True, text=True)
     words = [line.split()[-1] for line in dry.stdout.splitlines() if line.endswith(("cached", "new"))]

@@ -1,8 +1,9 @@
 """Running a sweep's jobs on Ray with a live view: what the local and the existing-cluster
 executors share (local.py, ray_cluster.py); a Slurm allocation runs the same inside it.
 
-One Ray task per job with the resources its size declares; an evaluation task takes the train
-task's result as an argument, so Ray starts it only once the checkpoint exists. Runs are
+One Ray task per job with the resources its size declares (short runs of a large sweep several to
+a task, `Feed`); an evaluation task takes the train task's result as an argument, so Ray starts
+it only once the checkpoint exists. Runs are
 submitted longest first (estimated FLOPs), which keeps every core busy until the end, and only
 while fewer than a window of jobs is in flight: a sweep of 100,000 runs holds a few thousand
 tasks in Ray at a time, and the driver's memory does not grow with the sweep. A
@@ -140,18 +141,18 @@ class Feed:
     task gets its run's config.yaml text, rendered once per group of seed variants.
 
     Runs whose jobs take milliseconds (a Ray task costs about one) are batched, several to a
-    task: in a large sweep (`batch`), the first `TIMED` runs of each kind (the same jobs, family
-    and size) run a task per job, and once their jobs took less than `SHORT_S` together, the
-    next runs of that kind go `BATCH_S` of work to a task, fewer when that would leave cores idle
-    at the end. Meanwhile at most one window of a core's share of that kind is submitted, so the
-    timing comes before most of the kind is."""
+    task: in a large sweep (`batch`), the first `TIMED` runs of each kind (`_kind`) run a task
+    per job, and once their jobs took less than `SHORT_S` together, the next runs of that kind go
+    `BATCH_S` of work to a task, fewer when that would leave cores idle at the end. Until a kind
+    is timed, at most two of its runs per core are in flight, so that most of it waits for the
+    timing instead of going a task per job."""
 
     def __init__(self, runs: list[PlannedRun], root: str, window: int, cpus: int = 1, batch: bool = False):
         import ray
 
         self.runs, self.root, self.window, self.cpus = deque(runs), root, window, max(1, cpus)
         self.remote, self.coordinate = ray.remote(execute), ray.remote(execute_nodes)
-        self.batched = ray.remote(execute_runs)
+        self.remote_batch = ray.remote(execute_runs)
         self.texts = SeedTemplates(config_yaml)
         self.inflight: dict[Any, Task] = {}
         self.active: dict[str, PlannedRun] = {}  # the runs with a job in flight
@@ -184,8 +185,8 @@ class Feed:
                     self._flying[_kind(b)] += 1
 
     def _batch_size(self, r: PlannedRun) -> int:
-        """How many runs of `r`'s kind the next task takes: 1 until it is timed, 0 (none now)
-        while it is timed and a window's worth is in flight already."""
+        """How many runs of `r`'s kind the next task takes: 1 until the kind is timed, and 0
+        (none now) while it is being timed and two runs per core are in flight already."""
         kind = _kind(r)
         if kind not in self._kinds:
             return 1
@@ -236,9 +237,9 @@ class Feed:
 
     def _submit_batch(self, runs: list[PlannedRun]) -> None:
         first = runs[0]
-        ref = self.batched.options(**job_resources(first.config, first.todo[0]),
-                                   max_retries=first.config.train.max_retries, retry_exceptions=True,
-                                   name=f"{first.label}+{len(runs) - 1}").remote(
+        ref = self.remote_batch.options(**job_resources(first.config, first.todo[0]),
+                                       max_retries=first.config.train.max_retries, retry_exceptions=True,
+                                       name=f"{first.label}+{len(runs) - 1}").remote(
             self.root, [(r.run_id, r.config, r.todo, self.texts(r.config)) for r in runs])
         self.inflight[ref] = Task(runs, None)
         self.batched_runs += len(runs)
