@@ -149,7 +149,7 @@ def overhead(n: int, root: Path, rounds: int) -> None:
     for col in ("path", "wall", "per job", "ratio to raw Ray"):
         table.add_column(col, justify="right")
     rows = [("raw Ray tasks (warm workers)", raw_s),
-            ("our tasks and driver, no store work (execute stubbed)", free_s),
+            ("our tasks and driver, no store work (task functions stubbed)", free_s),
             ("full path, warm workers", full_s),
             ("full path, first sweep (workers import torch)", cold)]
     for name, wall in rows:
