@@ -1,17 +1,13 @@
 """Read a results store into tidy DataFrames.
 
-Only the store's files are read (never `orchestrator` or `jobs`), so this works from a notebook on a
-copied store. Layout (format_version 3; 2 and 1 read too, 1 without specs):
-
-    store.json                         {"format_version": 3}
-    sweeps/<name>/configs/*.json       the resolved configs of the sweep's runs (common/sweep_configs.py)
-    runs/<run_id>/config.yaml          the same, once a job ran: seed, family.name, model.name (the size), ...
-    runs/<run_id>/state.json           {"status": ..., "error": ...}
-    runs/<run_id>/metrics.json         {"metrics": {...}, "higher_is_better": {...}, "curves": {...},
-                                        "specs": {...}, "curve_specs": {...}} (common/metrics.py)
-    runs/<run_id>/items/<eval>.parquet item_id, metric, score, weight (per-example outputs)
-    sweeps/<name>/sweep.yaml           {name, overrides, run_ids, created_at}
-    sweeps/<name>/paper_flops.json     the paper-scale FLOPs table, written by the orchestrator
+Only the store is read, through the store package (its layout, records and format check; never
+`orchestrator` or `jobs`), so this works from a notebook on a copied store, of any format this code
+knows (1 without specs). What is read of each run: the resolved config (the sweep's configs file,
+or the run's config file once a job ran: seed, family.name, model.name (the size), ...), its state
+(status, error), its metrics (values, directions, curves and their specs, common/metrics.py), its
+per-example evaluation outputs (item_id, metric, score, weight) and its training log; of each
+sweep, its manifest (name, run_ids, created_at) and the paper-scale FLOPs table the orchestrator
+wrote.
 
 Sweep membership: a run may be listed by several sweeps. With `sweep=None` the selection is every
 run a sweep lists or that has a directory, and the `sweep` column holds the earliest-created sweep
@@ -33,9 +29,11 @@ import pandas as pd
 
 from common.atomic import read_json, read_yaml
 from common.metrics import CurveSpec, MetricSpec
-from common.sweep_configs import SweepConfigs, read_sweep_configs
+from store.layout import RUN_JSON, Layout
+from store.records import SweepConfigs, SweepManifest, read_manifest, read_sweep_configs
+from store.store import format_of
 
-FORMAT_VERSIONS = (1, 2, 3)
+STATE, METRICS = RUN_JSON
 KEY_COLUMNS = ["run_id", "sweep", "family", "size", "seed"]
 VALUE_COLUMNS = ["metric", "value", "higher_is_better"]
 ITEM_COLUMNS = ["metric", "item_id", "score", "weight"]
@@ -44,23 +42,22 @@ RUN_KEYS = ["run_id", "family", "size", "seed"]
 _KEY_CONFIG = {"seed": "seed", "family.name": "family", "model.name": "size"}
 
 
-def _check_store(root: Path) -> None:
-    marker = root / "store.json"
-    if not marker.is_file():
-        raise FileNotFoundError(f"{root} is not a results store (no store.json)")
-    version = (read_json(marker) or {}).get("format_version")
-    if version not in FORMAT_VERSIONS:
-        raise ValueError(f"{marker}: format_version {version!r}, this reader knows {FORMAT_VERSIONS}")
+def _check_store(root: Path) -> Layout:
+    """The layout of the store at `root`, after the store's own check (store/store.py
+    `format_of`: StoreError for anything that is not a store of ours)."""
+    layout = Layout(root)
+    if format_of(root) is None:
+        raise FileNotFoundError(f"{root} is not a results store (no {os.path.basename(layout.marker)})")
+    return layout
 
 
-def load_sweep(store_root: str | Path, sweep: str) -> dict:
+def load_sweep(store_root: str | Path, sweep: str) -> SweepManifest:
     """The sweep's record (name, overrides, run_ids, created_at), as the orchestrator wrote it."""
-    root = Path(store_root)
-    _check_store(root)
-    path = root / "sweeps" / sweep / "sweep.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"no sweep named {sweep!r} in {root / 'sweeps'}")
-    return read_yaml(path)
+    layout = _check_store(Path(store_root))
+    manifest = read_manifest(layout.sweep(sweep).manifest)
+    if manifest is None:
+        raise FileNotFoundError(f"no sweep named {sweep!r} in {layout.sweeps}")
+    return manifest
 
 
 def _sweep_membership(root: Path, sweep: str | None) -> dict[str, str | None]:
@@ -68,12 +65,14 @@ def _sweep_membership(root: Path, sweep: str | None) -> dict[str, str | None]:
     a directory in the store."""
     if sweep is not None:
         return {run_id: sweep for run_id in load_sweep(root, sweep)["run_ids"]}
-    specs = [read_yaml(p) for p in sorted((root / "sweeps").glob("*/sweep.yaml"))]
+    layout = Layout(root)
+    names = sorted(os.listdir(layout.sweeps)) if os.path.isdir(layout.sweeps) else []
+    specs = [s for s in (read_manifest(layout.sweep(n).manifest) for n in names) if s is not None]
     membership: dict[str, str | None] = {}
     for spec in sorted(specs, key=lambda s: (str(s.get("created_at", "")), s["name"])):
         for run_id in spec["run_ids"]:
             membership.setdefault(run_id, spec["name"])
-    run_dirs = os.listdir(root / "runs") if (root / "runs").is_dir() else []
+    run_dirs = os.listdir(layout.runs) if os.path.isdir(layout.runs) else []
     return {run_id: membership.get(run_id) for run_id in sorted({*run_dirs, *membership})}
 
 
@@ -86,7 +85,7 @@ def _flat(config: dict) -> dict:
 @dataclass
 class _Configs:
     """The flattened configs of the selected runs: the runs of one group of seed variants share one
-    (a sweep's configs file holds it once, common/sweep_configs.py), so 100,000 seeds of a grid
+    (a sweep's configs file holds it once, store/records.py), so 100,000 seeds of a grid
     point are flattened once; a run no configs file lists has its config.yaml, its own group."""
     groups: list[dict] = field(default_factory=list)
     of_run: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # run id -> (group, seed)
@@ -95,11 +94,11 @@ class _Configs:
     def read(cls, root: Path, membership: dict[str, str | None]) -> _Configs:
         out = cls()
         for name in sorted({s for s in membership.values() if s is not None}):
-            out._add_file(read_sweep_configs(root / "sweeps" / name), membership)
+            out._add_file(read_sweep_configs(Layout(root).sweep(name)), membership)
         for run_id in membership:
             if run_id not in out.of_run:
-                path = root / "runs" / run_id / "config.yaml"
-                config = (read_yaml(path) or {}) if path.is_file() else {}
+                path = Layout(root).run(run_id).config
+                config = (read_yaml(path) or {}) if os.path.isfile(path) else {}
                 out.groups.append(_flat({k: v for k, v in config.items() if k != "seed"}))
                 out.of_run[run_id] = (len(out.groups) - 1, config.get("seed"))
         return out
@@ -120,9 +119,9 @@ when it cannot be parsed (common/atomic.py `read_json`)."""
 def _state(read: RunFileReader, run_id: str) -> dict:
     """The run's state; no file yet is "pending", an unreadable one "corrupt" (listed, not fatal)."""
     try:
-        return read(run_id, "state.json") or {"status": "pending"}
+        return read(run_id, STATE) or {"status": "pending"}
     except ValueError as error:
-        return {"status": "corrupt", "error": f"unreadable state.json: {error}"}
+        return {"status": "corrupt", "error": f"unreadable {STATE}: {error}"}
 
 
 @dataclass
@@ -143,8 +142,8 @@ class Selection:
 
     def __init__(self, store_root: str | Path, sweep: str | None = None, read: RunFileReader | None = None):
         self.root = Path(store_root)
-        _check_store(self.root)
-        self.read = read or (lambda run_id, name: read_json(os.path.join(self.run_dir(run_id), name)))
+        self.layout = _check_store(self.root)
+        self.read = read or (lambda run_id, name: read_json(self.layout.run(run_id).json(name)))
         membership = _sweep_membership(self.root, sweep)
         self.configs = _Configs.read(self.root, membership)
         self.table = self._run_table(membership)
@@ -172,7 +171,7 @@ class Selection:
         return self.table[self.table["status"] == "done"].reset_index(drop=True)
 
     def run_dir(self, run_id: str) -> str:
-        return os.path.join(self.root, "runs", run_id)
+        return self.layout.run(run_id).dir
 
     def varying_config(self) -> pd.DataFrame:
         """The config keys whose values differ across the finished runs, one dotted column each
@@ -200,9 +199,9 @@ class Selection:
         curves: dict[str, dict[str, dict]] = {}
         value_columns: dict[str, list] = {c: [] for c in ["run_id", *VALUE_COLUMNS]}
         for run_id in self.done["run_id"]:
-            recorded = self.read(run_id, "metrics.json")
+            recorded = self.read(run_id, METRICS)
             if recorded is None:
-                raise FileNotFoundError(f"{self.run_dir(run_id)}: run done without metrics.json")
+                raise FileNotFoundError(f"{self.run_dir(run_id)}: run done without {METRICS}")
             directions = recorded.get("higher_is_better", {})
             references = {name for name, spec in recorded.get("specs", {}).items() if spec.get("reference")}
             for name, value in sorted(recorded.get("metrics", {}).items()):
@@ -231,7 +230,7 @@ class Selection:
     def items(self) -> pd.DataFrame:
         keys = ["run_id", "family", "size", "seed"]
         frames = [pd.read_parquet(path).assign(run_id=run_id)
-                  for run_id in self.done["run_id"] for path in _files(os.path.join(self.run_dir(run_id), "items"))]
+                  for run_id in self.done["run_id"] for path in _files(self.layout.run(run_id).items_dir)]
         if not frames:
             return pd.DataFrame(columns=[*keys, *ITEM_COLUMNS])
         items = self.done[keys].merge(pd.concat(frames, ignore_index=True), on="run_id", how="inner")
@@ -251,7 +250,7 @@ class Selection:
 
     def history(self) -> pd.DataFrame:
         def read(run_id: str) -> pd.DataFrame | None:
-            path = os.path.join(self.run_dir(run_id), "history.parquet")
+            path = self.layout.run(run_id).history
             return pd.read_parquet(path) if os.path.isfile(path) else None
         return self.per_run(read)
 
@@ -330,6 +329,6 @@ def load_specs(store_root: str | Path, sweep: str | None = None) -> tuple[dict[s
 def load_paper_flops(store_root: str | Path, sweep: str) -> pd.DataFrame:
     """The paper-scale FLOPs table the orchestrator stored with the sweep (size, layers, block,
     steps, ratio = LIDAS / dense training FLOPs); empty when it has not written one."""
-    path = Path(store_root) / "sweeps" / sweep / "paper_flops.json"
+    path = Layout(store_root).sweep(sweep).paper_flops
     columns = ["size", "layers", "block", "steps", "ratio"]
-    return pd.DataFrame(read_json(path), columns=columns) if path.is_file() else pd.DataFrame(columns=columns)
+    return pd.DataFrame(read_json(path), columns=columns) if os.path.isfile(path) else pd.DataFrame(columns=columns)

@@ -16,12 +16,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
-import analysis.plots as plots
 from analysis.compute import Analysis, AnalysisOptions, analyse, results_table
 from analysis.figures import Plot, draw
 from analysis.html import render_html
 from analysis.markdown import render_markdown
+import analysis.plots as plots
 from common.atomic import write_atomic
+from store.layout import Layout
 
 
 def _save_plots(figures: list[Plot], directory: Path) -> dict[str, bytes]:
@@ -52,7 +53,7 @@ def _write_csv(table: pd.DataFrame, file: IO[bytes]) -> None:
 
 def save_report(analysis: Analysis, store_root: str | Path) -> Path:
     """Write an analysis computed earlier (the CLI also prints it); returns report.md's path."""
-    directory = Path(store_root) / "sweeps" / analysis.sweep
+    directory = Path(Layout(store_root).sweep(analysis.sweep).dir)
     results = results_table(analysis)
     write_atomic(directory / "results.parquet", results.to_parquet(index=False))
     write_atomic(directory / "results.csv", lambda file: _write_csv(results, file))  # for spreadsheets

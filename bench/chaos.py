@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "tests"))
 import pandas as pd  # noqa: E402
 
 from hostbed import Bed  # noqa: E402  (the tests' handle on the bed: scripts/hosts-*.sh)
-from orchestrator.store import DONE, Store  # noqa: E402
+from store.store import DONE, Store  # noqa: E402
 
 COMPARED = ("final_loss", "train_flops", "train_tokens", "steps", "final_layers", "n_params")
 

@@ -87,6 +87,7 @@ def _quiet() -> Console:
 
 
 def child_plan(n: int, root: Path) -> dict:
+    from orchestrator.identity import configs_record
     from orchestrator.plan import plan
     from orchestrator.sweep import Sweep
 
@@ -96,7 +97,8 @@ def child_plan(n: int, root: Path) -> dict:
     runs = plan(sweep.configs, sweep.store)
     planned = time.monotonic()
     sweep.store.create()
-    sweep.store.record_sweep(SWEEP, sweep.overrides, [r.run_id for r in runs], [r.config for r in runs])
+    sweep.store.record_sweep(SWEEP, sweep.overrides, [r.run_id for r in runs],
+                             configs_record([r.run_id for r in runs], [r.config for r in runs]))
     end = time.monotonic()
     return {"wall": end - t0, "compose": composed - t0, "hash": planned - composed, "write": end - planned,
             "runs": len(runs), "mb": peak_mb()}
@@ -120,6 +122,7 @@ def child_cli(argv: list[str]) -> dict:
 
 def _noop_runs(n: int, root: Path) -> tuple[list, Any, Any]:
     """N planned runs of the no-op job alone (no train job) in a fresh store, recorded as a sweep."""
+    from orchestrator.identity import configs_record
     from orchestrator.plan import plan
     from orchestrator.sweep import Sweep
 
@@ -128,7 +131,8 @@ def _noop_runs(n: int, root: Path) -> tuple[list, Any, Any]:
     for r in runs:
         r.todo = ["noop"]
     sweep.store.create()
-    sweep.store.record_sweep(SWEEP, sweep.overrides, [r.run_id for r in runs], [r.config for r in runs])
+    sweep.store.record_sweep(SWEEP, sweep.overrides, [r.run_id for r in runs],
+                             configs_record([r.run_id for r in runs], [r.config for r in runs]))
     return runs, sweep.store, sweep.executor
 
 
@@ -179,7 +183,7 @@ def child_store(n: int, root: Path) -> dict:
     its profile (what the overhead's note shows)."""
     import cProfile
 
-    from orchestrator.store import config_yaml
+    from orchestrator.identity import config_yaml
     from orchestrator.worker import execute
 
     warm, warm_store, _ = _noop_runs(2, root / "warm")
@@ -227,15 +231,15 @@ def _write_runs(args: tuple[str, list]) -> None:
 
 def child_build(n: int, root: Path) -> dict:
     """A store of N finished runs, written by the store's writer in two processes."""
-    from orchestrator import index
-    from orchestrator.identity import run_ids
+    from orchestrator.identity import configs_record, run_ids
     from orchestrator.sweep import Sweep
+    from store import index
 
     t0 = time.monotonic()
     sweep = Sweep.compose(grid(n, root), SWEEP, _quiet())
     ids = run_ids(sweep.configs)
     sweep.store.create()
-    sweep.store.record_sweep(SWEEP, sweep.overrides, ids, sweep.configs)
+    sweep.store.record_sweep(SWEEP, sweep.overrides, ids, configs_record(ids, sweep.configs))
     pairs = list(zip(ids, sweep.configs))
     with multiprocessing.get_context("fork").Pool(2) as pool:
         pool.map(_write_runs, [(str(root), pairs[i::2]) for i in range(2)])

@@ -44,8 +44,9 @@ from orchestrator import grid  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.config import hydra_session, typed_run  # noqa: E402
 from orchestrator.executors import ray_driver  # noqa: E402
+from orchestrator.identity import config_yaml  # noqa: E402
 from orchestrator.plan import plan  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from store.store import Store  # noqa: E402
 
 console = Console()
 report = Report(None, console)
@@ -88,7 +89,7 @@ def noop_runs(n: int, root: Path) -> tuple[list, Store, object]:
     runs = plan(cfgs, store)
     for r in runs:
         r.todo = ["noop"]
-        store.write_config(r.run_id, r.config)
+        store.write_config(r.run_id, lambda: config_yaml(r.config))
     return runs, store, cfgs[0].cluster.executor()
 
 

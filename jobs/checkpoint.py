@@ -2,7 +2,7 @@
 
 A checkpoint holds only tensors and plain Python values, so loading never unpickles code.
 Files are run_dir/checkpoints/step_{step:07d}.pt, step = optimizer steps completed, each with a
-digest sidecar (jobs/integrity.py) checked before loading; a bad file is quarantined and the
+digest sidecar (store/integrity.py) checked before loading; a bad file is quarantined and the
 previous one used.
 """
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from common.atomic import write_atomic
-from jobs import integrity
+from store import integrity
+from store.layout import RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ UNREADABLE = (RuntimeError, EOFError, OSError, pickle.UnpicklingError)
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return Path(RunPaths(str(run_dir)).checkpoints)
 
 
 def checkpoint_paths(run_dir: Path) -> list[Path]:
@@ -95,7 +96,7 @@ def load_checkpoint(path: Path) -> dict:
 
 def latest_checkpoint(run_dir: Path) -> dict | None:
     """Contents of the newest sound checkpoint; a newer file that fails its digest or does not
-    load is quarantined (jobs/integrity.py) with the reason, and the one before it is tried."""
+    load is quarantined (store/integrity.py) with the reason, and the one before it is tried."""
     for path in reversed(checkpoint_paths(run_dir)):
         reason = integrity.problem(path, full=True)
         if reason is None:

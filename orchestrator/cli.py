@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from common.settings import ConfigError
 from orchestrator.status import CHECKED, LISTED
-from orchestrator.store import Store, StoreError
+from store.store import Store, StoreError
 
 # The commands import what they need when they run: composing and reporting bring in Hydra, torch
 # and the analysis (seconds), which `status` has no use for.
@@ -204,10 +204,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(_store_overrides(list(sys.argv[1:] if argv is None else argv)))
     try:
         return args.fn(args)
-    except ConfigError as e:
+    except (ConfigError, StoreError) as e:  # what the user asked cannot be done as asked
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
-    except (StoreError, RuntimeError) as e:
+    except RuntimeError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 1
     except KeyboardInterrupt:

@@ -25,7 +25,10 @@ import hashlib
 import json
 from typing import Any, Callable, Optional
 
+from common.atomic import yaml_text
+from common.settings import to_dict
 from jobs.evals import EVALUATIONS
+from store.records import ConfigsRecord
 
 # Sections and keys that do not change a run's results: where it runs, how it is tracked and
 # stored, how often it checkpoints or retries, whether it is compiled (like the thread count, it
@@ -161,3 +164,26 @@ def _hash(text: str) -> str:
 def run_label(cfg: Any) -> str:
     """Human name used in progress lines and trackers: `<family>-<size>-s<seed>`."""
     return f"{cfg.family.name}-{cfg.model.name}-s{cfg.seed}"
+
+
+def config_dict(cfg: Any) -> dict:
+    """What a run's config.yaml holds: its resolved config, without the sweep that runs it
+    (`tracker.sweep`, its W&B group), so a run shared by sweeps has one config."""
+    plain = to_dict(cfg)
+    plain["tracker"]["sweep"] = None
+    return plain
+
+
+def config_yaml(cfg: Any) -> str:
+    return yaml_text(config_dict(cfg))
+
+
+def configs_record(run_ids: list[str], configs: list[Any]) -> ConfigsRecord:
+    """The configs file of these runs (store/records.py): each group of seed variants' config once."""
+    plain: list[dict] = []
+
+    def add(cfg: Any) -> int:
+        plain.append(config_dict(cfg))
+        return len(plain) - 1
+    group = PerSiblings(add)
+    return {"configs": plain, "runs": {run_id: [group(cfg), cfg.seed] for run_id, cfg in zip(run_ids, configs)}}

@@ -12,7 +12,7 @@ from common.settings import ConfigError
 from jobs.flops import schedule_flops
 from jobs.resources import Resources
 from orchestrator.identity import PerSiblings, run_ids, run_label, settings_digest
-from orchestrator.store import DONE, Store
+from store.store import DONE, Store
 
 
 @dataclass

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from jobs.registry import headline
 from orchestrator.plan import PlannedRun
-from orchestrator.store import DONE, FAILED, PENDING, RUNNING, Store
+from store.store import DONE, FAILED, PENDING, RUNNING, Store
 
 
 def _eta(seconds: float | None) -> str:
@@ -38,7 +38,7 @@ class States:
 
     def __call__(self, run_id: str) -> dict:
         try:  # an atomic write is a new file: its inode, size or mtime changes
-            st = os.stat(self.store.run_file(run_id, "state.json"))
+            st = os.stat(self.store.run(run_id).state)
             key = (st.st_ino, st.st_size, st.st_mtime_ns)
         except FileNotFoundError:
             key = None

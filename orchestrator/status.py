@@ -19,10 +19,10 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from common.sweep_configs import SweepConfigs
-from orchestrator import index
 from orchestrator.executors import recorded_executor
-from orchestrator.store import CORRUPT, DONE, PENDING, RUNNING, WAITING, Store, StoreError
+from store import index
+from store.records import SweepConfigs
+from store.store import CORRUPT, DONE, PENDING, RUNNING, WAITING, Store, StoreError
 
 CHECKED = 1000  # runs up to which `status` checks every run's files unless told otherwise
 LISTED = 200  # runs up to which each gets a line (here, in the live view, in the dry run)

@@ -21,23 +21,21 @@ from typing import Any, Optional
 from rich.console import Console
 
 import analysis
-from common.atomic import write_json
 from common.settings import ConfigError, to_dict
 from jobs.evals import EVALUATIONS
 from jobs.flops import flop_ratio
 from orchestrator import grid, index, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, recorded_executor
-from orchestrator.identity import run_id, settings_digest
+from orchestrator.identity import configs_record, run_id, settings_digest
 from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_text
 from orchestrator.status import LISTED
-from orchestrator.store import DONE, FAILED, Store, StoreError
 from orchestrator.upgrade import upgrade
 from orchestrator.worker import execute
+from store.store import DONE, FAILED, Store, StoreError
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PAPER_SIZES = ("360m", "1b7", "3b")  # conf/size: the paper-scale configs of the report's FLOPs table
-PAPER_FLOPS = "paper_flops.json"  # in the sweep's folder, read by analysis
 
 
 class Sweep:
@@ -129,14 +127,15 @@ class Sweep:
     def _execute(self, runs: list[PlannedRun]):
         self.store.create()
         upgrade(self.store)
-        self.store.record_sweep(self.name, self.overrides, [r.run_id for r in runs], [r.config for r in runs])
+        ids = [r.run_id for r in runs]
+        self.store.record_sweep(self.name, self.overrides, ids, configs_record(ids, [r.config for r in runs]))
         tracking.tag_sweep([r.config for r in runs], self.name)  # the jobs' W&B group, not in config.yaml
         if self.executor.synchronous:
             self.console.print(f"sweep [bold]{self.name}[/]: {len(runs)} runs, {sum(r.cached for r in runs)} "
                                f"cached, store {self.store.root}")
         outcome = self.executor.run(runs, self.name, self.overrides, self.store, self.console)
         if outcome.finished:
-            index.fold(str(self.store.root))
+            index.fold(self.store.layout.root)
         return outcome
 
     def _looks(self, runs: list[PlannedRun]) -> int:
@@ -273,7 +272,7 @@ def _write_paper_flops(store: Store, name: str) -> None:
         configs = [compose_run([f"size={size}", "family=lidas"]) for size in PAPER_SIZES]
     rows = [{"size": size, "layers": c.model.n_layers, "block": c.model.block_size, "steps": c.train.steps,
              "ratio": flop_ratio(c.family, c.model, c.train.steps)} for size, c in zip(PAPER_SIZES, configs)]
-    write_json(store.sweep_dir(name) / PAPER_FLOPS, rows)
+    store.write_paper_flops(name, rows)
 
 
 def latest(store: Store) -> str:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from common.settings import require, setting
 from orchestrator.identity import run_label
-from orchestrator.store import Store, now
+from store.store import Store, now
 
 WANDB_DIR = "wandb"  # under the store root; W&B's own run directories, staging files and logs
 ONLINE = ("online", "run")  # the W&B modes that talk to the server

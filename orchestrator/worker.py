@@ -22,9 +22,9 @@ from jobs.config import job_dict
 from jobs.contract import JobResult, Progress
 from jobs.registry import get_job
 from orchestrator import tracking
-from orchestrator.identity import settings_digest
+from orchestrator.identity import config_yaml, settings_digest
 from orchestrator.plan import bundle_of, done, jobs_of, processes_of, resources_of
-from orchestrator.store import DONE, WAITING, Store, now
+from store.store import DONE, WAITING, Store, now
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DURABLE_AFTER_S = 1.0  # jobs that ran this long have their results fsync'ed
@@ -71,7 +71,7 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
         state = store.recover(run_id, jobs)
         if done(state, job, cfg):
             return "cached", state
-        store.write_config(run_id, cfg, config_text)
+        store.write_config(run_id, lambda: config_text or config_yaml(cfg))
         state = store.start_job(run_id, job, jobs, state, node_id=_node_id(),  # where it runs (Ray node ids)
                                 **({"node_ids": rendezvous["node_ids"]} if rendezvous else {}))
         run_dir = store.run_dir(run_id)
@@ -91,9 +91,9 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
             durable = time.monotonic() - started >= DURABLE_AFTER_S
             metrics = store.merge_metrics(run_id, result.metrics, specs, result.curves, curve_specs, durable)
             if result.items is not None:
-                write_parquet(run_dir / "items" / f"{job}.parquet", result.items, durable=durable)
+                write_parquet(store.run(run_id).items(job), result.items, durable=durable)
             if result.history is not None:
-                write_parquet(run_dir / "history.parquet", result.history, durable=durable)
+                write_parquet(store.run(run_id).history, result.history, durable=durable)
         except BaseException as e:
             last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
             where = f" at {last.filename.rsplit('/', 1)[-1]}:{last.lineno}" if last else ""

@@ -22,7 +22,7 @@ from rich.console import Console
 import analysis
 from common.atomic import write_text
 from orchestrator import tracking
-from orchestrator.store import Store
+from store.store import Store
 
 SPEC = "wandb_workspace.json"  # in the sweep's folder, when offline
 

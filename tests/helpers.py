@@ -9,7 +9,7 @@ from typing import Callable, Optional, TypeVar
 
 import pandas as pd
 
-from orchestrator.store import Store
+from store.store import Store
 
 CLI = [sys.executable, "-m", "orchestrator"]
 T = TypeVar("T")

@@ -14,6 +14,7 @@ from analysis.load import load_data_kinds, load_paper_flops
 from common.metrics import MetricSpec
 from jobs.evals import EVALUATIONS
 from jobs.registry import TRAIN
+from store.store import StoreError
 
 # What the real jobs declare about their metrics and curves, as their runs store it in metrics.json.
 JOBS = (TRAIN, *(EVALUATIONS[name] for name in EVALUATIONS.names()))
@@ -29,7 +30,7 @@ def new_store(root: Path, version: int = 2) -> Path:
 
 
 def metrics_record(root: Path, metrics: dict, curves: dict) -> dict:
-    """metrics.json as the worker writes it (orchestrator/store.py merge_metrics): format 2 with the
+    """metrics.json as the worker writes it (store/store.py merge_metrics): format 2 with the
     specs the jobs declare for what the run recorded; format 1 without specs."""
     record = {"metrics": metrics,
               "higher_is_better": {m: METRIC_SPECS[m].higher_is_better for m in metrics
@@ -177,8 +178,11 @@ def test_errors_name_the_problem(store, tmp_path):
         load(store, "nope")
     with pytest.raises(FileNotFoundError, match="store.json"):
         load(tmp_path / "empty")
-    (store / "store.json").write_text(json.dumps({"format_version": 4}))
-    with pytest.raises(ValueError, match="format_version"):
+    (store / "store.json").write_text(json.dumps({"format_version": 99}))
+    with pytest.raises(StoreError, match="format version 99, newer"):
+        load_runs(store)
+    (store / "store.json").write_text(json.dumps({"format_version": 4}))  # not the marker format 4 writes
+    with pytest.raises(StoreError, match="not this orchestrator's marker"):
         load_runs(store)
 
 

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from common.atomic import write_json
 from orchestrator import config
 from orchestrator.cli import main
-from orchestrator.store import FORMAT_VERSION, Store, write_json
+from store.layout import FORMAT_VERSION
+from store.store import Store
 
 MICRO = ["size=micro", "family=dense", "seed=0"]
 
@@ -79,26 +81,36 @@ CASES = [
     # usage
     (["sweeep"], 2, "invalid choice: 'sweeep'"),
     (["status", "--store"], 2, "argument --store: expected one argument; see `python -m orchestrator status --help`"),
-    # the store
-    (["report", "nope", "--store", "{store}"], 1, "no sweep named 'nope' in"),
-    (["status", "--store", "{empty}"], 1, "no sweeps in"),
-    (["report", "--store", "{empty}"], 1, "no sweeps in"),
-    (["status", "--store", "{future}"], 1, f"format version 99, newer than this code's {FORMAT_VERSION}; upgrade"),
-    (["report", "x", "--store", "{future}"], 1, "format version 99, newer"),
-    (["sweep", *MICRO, "store.root={future}"], 1, "format version 99, newer"),
-    (["status", "--store", "{torn}"], 1, "sweep.yaml: unreadable"),
+    # the store: refused with exit 2, and left byte-identical (store/store.py `format_of`)
+    (["report", "nope", "--store", "{store}"], 2, "no sweep named 'nope' in"),
+    (["status", "--store", "{empty}"], 2, "no sweeps in"),
+    (["report", "--store", "{empty}"], 2, "no sweeps in"),
+    (["status", "--store", "{future}"], 2, f"format version 99, newer than this code's {FORMAT_VERSION}; upgrade"),
+    (["report", "x", "--store", "{future}"], 2, "format version 99, newer"),
+    (["sweep", *MICRO, "store.root={future}"], 2, "format version 99, newer"),
+    (["status", "--store", "{torn}"], 2, "sweep.yaml: unreadable"),
+    *[(argv, 2, needle) for root, needle in (
+        ("foreign", 'store.json holds {"name": "someone else\'s"}, not this orchestrator\'s marker; choose another store.root'),
+        ("listed", "store.json holds [3], not this orchestrator's marker; choose another store.root"),
+        ("garbled", "store.json is not JSON, so not this orchestrator's store"),
+        ("file", "is a file, not a results store; choose another store.root"),
+        ("unrelated", "holds files that are not a results store (notes.txt, photos) and no store.json; choose"))
+      for argv in (["status", "--store", f"{{{root}}}"], ["report", "--store", f"{{{root}}}"],
+                   ["sweep", *MICRO, f"store.root={{{root}}}"], ["sweep", *MICRO, f"store.root={{{root}}}", "--dry-run"])],
 ]
 
 
 def snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): (p.stat().st_mode, p.read_bytes() if p.is_file() else None)
-            for p in sorted(root.rglob("*"))}
+            for p in [root, *sorted(root.rglob("*"))]}
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory) -> dict[str, Path]:
     """A store with a sweep and a finished-looking run, an empty directory, a store from a
-    future format version, and one whose sweep.yaml was cut short."""
+    future format version, one whose sweep.yaml was cut short, and roots that are not a store of
+    ours: someone else's store.json, one holding a JSON list or no JSON, a regular file, and a
+    directory of unrelated files."""
     base = tmp_path_factory.mktemp("stores")
     store = Store(base / "store")
     store.create()
@@ -112,7 +124,14 @@ def stores(tmp_path_factory) -> dict[str, Path]:
     torn.record_sweep("t", [], ["a"])
     path = torn.sweep_dir("t") / "sweep.yaml"
     path.write_text(path.read_text()[:12] + "\n  - [")
-    return {name: base / name for name in ("store", "empty", "future", "torn")}
+    for name, text in (("foreign", '{"name": "someone else\'s"}'), ("listed", "[3]"), ("garbled", "{format")):
+        (base / name).mkdir()
+        (base / name / "store.json").write_text(text)
+    (base / "file").write_text("not a directory")
+    (base / "unrelated" / "photos").mkdir(parents=True)
+    (base / "unrelated" / "notes.txt").write_text("mine")
+    return {name: base / name for name in ("store", "empty", "future", "torn", "foreign", "listed", "garbled",
+                                           "file", "unrelated")}
 
 
 def run_case(argv: list[str], stores: dict[str, Path], capsys) -> tuple[int, list[str]]:
@@ -169,7 +188,7 @@ def read_only_dir(tmp_path):
 
 def test_a_store_without_write_permission_fails_in_one_line(read_only_dir, stores, capsys):
     code, lines = run_case(["sweep", *MICRO, f"store.root={read_only_dir / 'store'}"], stores, capsys)
-    assert (code, len(lines)) == (1, 1), lines
+    assert (code, len(lines)) == (2, 1), lines
     assert lines[0].startswith(f"error: store.root={read_only_dir / 'store'}: not writable (")
     assert "fix its permissions or choose another store.root" in lines[0]
     assert not list(read_only_dir.iterdir())

@@ -7,12 +7,14 @@ import pytest
 from rich.console import Console
 
 from jobs.contract import JobResult
-from orchestrator import index, worker
+from orchestrator import worker
 from orchestrator.executors import ray_driver
+from orchestrator.identity import config_yaml, configs_record
 from orchestrator.plan import PlannedRun, plan
 from orchestrator.progress import Tally
-from orchestrator.store import DONE, FAILED, Store, config_yaml
 from orchestrator.sweep import Sweep
+from store import index
+from store.store import DONE, FAILED, Store
 
 QUIET = Console(file=io.StringIO())
 
@@ -25,7 +27,8 @@ def _noop_runs(n: int, root) -> tuple[list[PlannedRun], Store, object]:
     for r in runs:
         r.todo = ["noop"]
     sweep.store.create()
-    sweep.store.record_sweep("s", [], [r.run_id for r in runs], [r.config for r in runs])
+    ids = [r.run_id for r in runs]
+    sweep.store.record_sweep("s", [], ids, configs_record(ids, [r.config for r in runs]))
     return runs, sweep.store, sweep.executor
 
 

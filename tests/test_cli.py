@@ -16,7 +16,7 @@ def test_dry_run_lists_runs_and_writes_nothing(tmp_path):
 
 def test_every_store_command_takes_store_root_as_sweep_does(tmp_path, capsys):
     from orchestrator.cli import main
-    from orchestrator.store import Store
+    from store.store import Store
 
     store = Store(tmp_path / "s")
     store.create()
@@ -27,7 +27,7 @@ def test_every_store_command_takes_store_root_as_sweep_does(tmp_path, capsys):
         assert "sweep one" in capsys.readouterr().out
     assert main(["report", "one", f"store.root={store.root}"]) == 1  # found; nothing finished yet
     assert "no finished runs yet" in capsys.readouterr().out
-    assert main(["status", f"store.root={tmp_path / 'nowhere'}"]) == 1
+    assert main(["status", f"store.root={tmp_path / 'nowhere'}"]) == 2  # a store error: what was asked cannot be done
     assert "no sweeps in" in capsys.readouterr().out
 
 

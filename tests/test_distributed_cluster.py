@@ -14,7 +14,7 @@ from rich.console import Console
 from jobs.registry import train as train_job
 from orchestrator.config import ConfigError, compose_run, hydra_session
 from orchestrator.plan import check_fit, plan
-from orchestrator.store import Store
+from store.store import Store
 
 NODE = dict(num_cpus=2, num_gpus=2, memory=4 * 2**30, object_store_memory=80 * 2**20)
 

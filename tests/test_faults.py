@@ -14,9 +14,9 @@ from helpers import (claims_free, history, metrics, running_train, start_sweep, 
                      wait_for)
 
 import analysis
-from jobs import integrity
 from jobs.checkpoint import checkpoint_paths, latest_checkpoint
 from orchestrator.cli import main
+from store import integrity
 
 # 200 steps: LIDAS grows at steps 20, 60 and 120, which leaves time to kill it mid-stage.
 LONG = ["size=micro", "seed=0", "train.steps=200", "train.checkpoint_every=20", "tracker=none",

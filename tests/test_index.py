@@ -8,9 +8,9 @@ import os
 
 from rich.console import Console
 
-from orchestrator import index
 from orchestrator.status import status
-from orchestrator.store import DONE, FAILED, RUNNING, Store
+from store import index
+from store.store import DONE, FAILED, RUNNING, Store
 
 JOBS = ["train", "noop"]
 

@@ -29,7 +29,7 @@ from jobs.config import job_dict
 from jobs.registry import train as train_job
 from orchestrator.config import compose_run, hydra_session
 from orchestrator.executors.slurm_tools import ACTIVE
-from orchestrator.store import DONE, Store
+from store.store import DONE, Store
 
 STEPS = 200
 RUN = ["size=micro", "family=lidas", "seed=0", "tracker=none", "eval.jobs=[]", "resources.nodes=2",

@@ -577,7 +577,7 @@ def test_run_files_handed_over_are_not_read_again_and_give_the_same_report(store
     """The orchestrator's report checks every run's files and hands them to the analysis
     (`analyse(read=...)`): the report is the one the analysis writes reading the store itself, and
     no run's state.json or metrics.json is opened a second time."""
-    from orchestrator.store import Store
+    from store.store import Store
 
     load = importlib.import_module("analysis.load")  # the module (the package's `load` is its function)
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli import main
 from orchestrator.executors.slurm import inner_overrides
 from orchestrator.executors.slurm_tools import active
-from orchestrator.cli import main
-from orchestrator.store import DONE, Store
+from store.store import DONE, Store
 
 REPO = Path(__file__).resolve().parent.parent
 # The jobs find this interpreter's environment (the checkout's .venv under `make test`).

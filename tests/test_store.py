@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from orchestrator.store import CORRUPT, DONE, FAILED, RUNNING, Store, StoreError, run_status, write_json
+from common.atomic import write_json
+from store.store import CORRUPT, DONE, FAILED, RUNNING, Store, StoreError, run_status
 
 
 def test_state_round_trip_and_run_status(tmp_path):
@@ -92,7 +93,7 @@ def test_run_status_precedence():
 
 
 def test_damaged_files_are_found_moved_aside_and_the_jobs_set_to_rerun(tmp_path):
-    from jobs import integrity
+    from store import integrity
 
     s = Store(tmp_path)
     s.create()

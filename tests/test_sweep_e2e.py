@@ -13,7 +13,7 @@ from helpers import CLI, metrics, running_train, start_sweep, sweep, wait_for
 
 import analysis
 from jobs.evals import EVALUATIONS
-from orchestrator import index
+from store import index
 
 MICRO = ["size=micro", "family=lidas,looped,dense", "seed=0,1", "cluster.num_cpus=2"]
 

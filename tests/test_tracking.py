@@ -25,7 +25,7 @@ from orchestrator import grid, tracking, worker  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.config import ConfigError  # noqa: E402
 from orchestrator.identity import run_id  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from store.store import Store  # noqa: E402
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # shaped like a W&B API key
 FAKE_TOKEN = "sk-test-4f9c2b7e1a6d8e3f5b0c9d"

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs import integrity
 from jobs.checkpoint import checkpoint_paths, keep_final_weights, latest_checkpoint, load_checkpoint, save_atomic
 from jobs.flops import schedule_flops
 from jobs.train import learning_rate, train
+from store import integrity
 from test_model import micro_cfg
 
 BATCH, SEQ, VOCAB = 8, 16, 16

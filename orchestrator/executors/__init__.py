@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # for annotations only; plan and sweep import this package, n
     from rich.console import Console
 
     from orchestrator.plan import PlannedRun
-    from orchestrator.store import Store
+    from store.store import Store
 
 
 @dataclass

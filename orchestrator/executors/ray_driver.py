@@ -30,9 +30,10 @@ from common.settings import ConfigError
 from orchestrator import progress as view
 from orchestrator.executors import Executor, Outcome
 from orchestrator.identity import SeedTemplates
+from orchestrator.identity import config_yaml
 from orchestrator.plan import PlannedRun, bundle_of, check_fit, jobs_of, processes_of
-from orchestrator.store import DONE, FAILED, INTERRUPTED, RUNNING, Store, config_yaml
 from orchestrator.worker import execute, execute_nodes, execute_runs
+from store.store import DONE, FAILED, INTERRUPTED, RUNNING, Store
 
 
 def multi_node(cfg: Any, job: str) -> bool:

@@ -14,7 +14,7 @@ from orchestrator.executors import CLUSTERS
 from orchestrator.executors.slurm_tools import (Request, SlurmCommon, SlurmExecutor, header, prologue, quoted,
                                                 slurm_dir)
 from orchestrator.plan import PlannedRun, check_fit
-from orchestrator.store import Store
+from store.store import Store
 
 
 def inner_overrides(overrides: list[str]) -> list[str]:

@@ -15,8 +15,9 @@ from orchestrator.executors import CLUSTERS, Outcome
 from orchestrator.executors.slurm_tools import (Request, SlurmCommon, SlurmExecutor, header, prologue, quoted,
                                                 slurm_dir)
 from orchestrator.identity import SeedTemplates
+from orchestrator.identity import config_yaml
 from orchestrator.plan import PlannedRun, jobs_of, resources_of
-from orchestrator.store import Store, config_yaml
+from store.store import Store
 
 
 def task_resources(configs: list[Any]) -> tuple[int, float, int]:
@@ -34,7 +35,7 @@ class SlurmArrayExecutor(SlurmExecutor):
         texts = SeedTemplates(config_yaml)
         for r in runs:
             if r.todo:
-                store.write_config(r.run_id, r.config, texts(r.config))
+                store.write_config(r.run_id, lambda: texts(r.config))
         return super().run(runs, name, overrides, store, console)
 
     def scripts(self, runs: list[PlannedRun], name: str, overrides: list[str], store: Store) -> dict[str, str]:

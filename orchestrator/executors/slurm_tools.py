@@ -21,7 +21,7 @@ from common.atomic import write_text
 from common.settings import ConfigError, require, setting
 from orchestrator.executors import ClusterConfig, Executor, Outcome
 from orchestrator.plan import PlannedRun
-from orchestrator.store import Store, now
+from store.store import Store, now
 
 SWEEP_NAME = re.compile(r"[A-Za-z0-9._-]{1,120}")
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING",

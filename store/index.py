@@ -6,7 +6,7 @@ so `status` of a 100,000-run sweep reads one snapshot and the tail of a journal.
     index/journal/<writer>.jsonl       one record a line, {"run": run id, **record}; one writer each
 
 A record is a run's state.json in brief, {"v", "status", "error", "jobs": {job: [status,
-attempts]}}, appended after the state.json it summarises is written (orchestrator/store.py).
+attempts]}}, appended after the state.json it summarises is written (store/store.py).
 state.json stays the truth: the index is derived from it and rebuilt from it when lost. A
 snapshot holds its records as columns (`_columns`), which json decodes ten times faster than a
 mapping per run: 100,000 runs in a few tens of milliseconds.
@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from common.atomic import append_line, write_new
+from store.layout import Layout
 
-INDEX, JOURNAL = "index", "journal"
+JOURNAL = "journal"
 FORMAT = 2  # the columns; 1 (a record per run) is still read
 SNAPSHOT = re.compile(r"snapshot-(\d{12})\.json")
 ERROR_CHARS = 300  # of a failed run's error, as `status` shows it
@@ -81,7 +82,7 @@ class Index:
 
 
 def directory(root: str) -> str:
-    return os.path.join(root, INDEX)
+    return Layout(root).index
 
 
 class Journal:

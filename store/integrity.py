@@ -19,6 +19,11 @@ from common.atomic import write_json
 QUARANTINE_LOG = "quarantine.log"
 
 
+def is_checkpoint(name: str) -> bool:
+    """Whether a file name of a run's checkpoints directory is a checkpoint (not a sidecar)."""
+    return name.startswith("step_") and name.endswith(".pt")
+
+
 def sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
