@@ -1,11 +1,13 @@
 """The results store: atomic files, claims between processes, sweeps as growing sets."""
 import json
 import multiprocessing as mp
+import os
 import time
 
 import pytest
 
 from common.atomic import write_json
+from store.layout import FORMAT_VERSION, OWNER
 from store.store import CORRUPT, DONE, FAILED, RUNNING, Store, StoreError, run_status
 
 
@@ -83,6 +85,48 @@ def test_future_format_version_is_refused(tmp_path):
     write_json(tmp_path / "store.json", {"format_version": 99})
     with pytest.raises(StoreError, match="format version 99, newer"):
         Store(tmp_path).check()
+
+
+def test_a_new_store_gets_the_marker_and_an_old_one_keeps_its_store_json_until_upgraded(tmp_path):
+    new = Store(tmp_path / "new")
+    assert new.check() is None
+    new.create()
+    assert json.loads((tmp_path / "new" / "store.json").read_text()) == {"store": OWNER, "format_version": FORMAT_VERSION}
+    assert new.check() == FORMAT_VERSION
+    old = tmp_path / "old"
+    (old / "runs").mkdir(parents=True)
+    write_json(old / "store.json", {"format_version": 3})
+    Store(old).create()
+    assert Store(old).check() == 3  # store/upgrade.py writes the marker, last
+    half = tmp_path / "half"  # killed while created: only our directories, no marker yet
+    (half / "runs").mkdir(parents=True)
+    assert Store(half).check() is None
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('{"format_version": 3}', "not this orchestrator's marker"),  # ours only beside our directories
+    ('{"format_version": 3, "owner": "them"}', "not this orchestrator's marker"),
+    ('{"store": "another-tool", "format_version": 4}', "not this orchestrator's marker"),
+    ('{"format_version": true}', "not this orchestrator's marker"),
+    ("[1, 2]", r"holds \[1, 2\], not this orchestrator's marker"),
+    ("version 3", "is not JSON"),
+])
+def test_a_store_json_not_ours_is_refused_and_left_as_it_is(tmp_path, content, needle):
+    (tmp_path / "store.json").write_text(content)
+    with pytest.raises(StoreError, match=needle):
+        Store(tmp_path).create()
+    assert (tmp_path / "store.json").read_text() == content and os.listdir(tmp_path) == ["store.json"]
+
+
+def test_a_file_or_a_directory_of_unrelated_files_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreError, match="is a file, not a results store"):
+        Store(tmp_path / "file").create()
+    for name in ("a", "b", "c", "d"):
+        (tmp_path / "mine" / name).mkdir(parents=True)
+    with pytest.raises(StoreError, match=r"not a results store \(a, b, c, \.\.\.\) and no store.json"):
+        Store(tmp_path / "mine").create()
+    assert sorted(os.listdir(tmp_path / "mine")) == ["a", "b", "c", "d"]
 
 
 def test_run_status_precedence():
