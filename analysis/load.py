@@ -27,10 +27,10 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from common.atomic import read_json, read_yaml
+from common.atomic import read_json
 from common.metrics import CurveSpec, MetricSpec
 from store.layout import RUN_JSON, Layout
-from store.records import SweepConfigs, SweepManifest, read_manifest, read_sweep_configs
+from store.records import SweepConfigs, SweepManifest, read_config, read_manifest, read_sweep_configs
 from store.store import format_of
 
 STATE, METRICS = RUN_JSON
@@ -86,7 +86,7 @@ def _flat(config: dict) -> dict:
 class _Configs:
     """The flattened configs of the selected runs: the runs of one group of seed variants share one
     (a sweep's configs file holds it once, store/records.py), so 100,000 seeds of a grid
-    point are flattened once; a run no configs file lists has its config.yaml, its own group."""
+    point are flattened once; a run no configs file lists has its own config file, its own group."""
     groups: list[dict] = field(default_factory=list)
     of_run: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # run id -> (group, seed)
 
@@ -97,8 +97,7 @@ class _Configs:
             out._add_file(read_sweep_configs(Layout(root).sweep(name)), membership)
         for run_id in membership:
             if run_id not in out.of_run:
-                path = Layout(root).run(run_id).config
-                config = (read_yaml(path) or {}) if os.path.isfile(path) else {}
+                config = read_config(Layout(root).run(run_id).config) or {}
                 out.groups.append(_flat({k: v for k, v in config.items() if k != "seed"}))
                 out.of_run[run_id] = (len(out.groups) - 1, config.get("seed"))
         return out
@@ -126,7 +125,7 @@ def _state(read: RunFileReader, run_id: str) -> dict:
 
 @dataclass
 class _Results:
-    """What the finished runs' metrics.json files hold, read in one pass."""
+    """What the finished runs' metrics files hold, read in one pass."""
     values: pd.DataFrame
     metric_specs: dict[str, MetricSpec]
     curve_specs: dict[str, CurveSpec]
@@ -137,8 +136,9 @@ class Selection:
     """The runs of one sweep (or, with sweep=None, of the whole store), each of their files read
     at most once: the load_* functions below each read one, `analyse` reads one for all of them
     (a report of 100,000 runs would otherwise read every file several times). `read` reads a
-    run's state.json and metrics.json: a caller that has parsed them already (the orchestrator's
-    report checks every run's files first) hands them over instead of having them read again."""
+    run's state and metrics files (store/layout.py `RUN_JSON`): a caller that has parsed them
+    already (the orchestrator's report checks every run's files first) hands them over instead of
+    having them read again."""
 
     def __init__(self, store_root: str | Path, sweep: str | None = None, read: RunFileReader | None = None):
         self.root = Path(store_root)
@@ -307,20 +307,20 @@ def load_items(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame
 
 
 def load_history(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
-    """The training logs (history.parquet) of the finished runs, one row per run x logged step: run_id,
+    """The training logs of the finished runs, one row per run x logged step: run_id,
     family, size, seed, then the log's columns (step, loss, lr, tokens, flops, n_layers)."""
     return Selection(store_root, sweep).history()
 
 
 def load_curves(store_root: str | Path, sweep: str | None = None, curve: str = "tvd_by_context") -> pd.DataFrame:
-    """One curve of metrics.json's `curves` for the finished runs, one row per run x point: run_id,
+    """One curve of the metrics files' `curves` for the finished runs, one row per run x point: run_id,
     family, size, seed, then the curve's columns (for tvd_by_context: n_context_strings, n_positions,
     regbench_tvd and the ngram*_tvd references). Runs without the curve are left out."""
     return Selection(store_root, sweep).curves(curve)
 
 
 def load_specs(store_root: str | Path, sweep: str | None = None) -> tuple[dict[str, MetricSpec], dict[str, CurveSpec]]:
-    """What the finished runs' jobs declared about their metrics and curves (metrics.json's specs).
+    """What the finished runs' jobs declared about their metrics and curves (the metrics files' specs).
     A metric of a store without specs (format 1) gets its name as its label and no role."""
     results = Selection(store_root, sweep).results
     return results.metric_specs, results.curve_specs

@@ -32,6 +32,7 @@ from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_te
 from orchestrator.status import LISTED
 from orchestrator.upgrade import upgrade
 from orchestrator.worker import execute
+from store.layout import STATE
 from store.store import DONE, FAILED, Store, StoreError
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -213,7 +214,7 @@ def report(store: Store, name: str, console: Console, tracker: Optional[tracking
     if damaged:
         raise StoreError(f"sweep {name}: run {damaged[0][0]}: {damaged[0][1]} ({len(damaged)} "
                          f"problems, see `status`); run the sweep again to repair them")
-    states = {r: files["state.json"] or {} for r, (_, files) in inspected.items()}
+    states = {r: files[STATE] or {} for r, (_, files) in inspected.items()}
     if not any(state.get("status") == DONE for state in states.values()):
         console.print(f"sweep {name}: no finished runs yet; nothing to report")
         return 1

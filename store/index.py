@@ -42,7 +42,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from common.atomic import append_line, write_new
 from store.layout import Layout
@@ -58,7 +58,7 @@ class IndexDamaged(ValueError):
     """The newest snapshot cannot be read (damaged from outside: the writes are atomic)."""
 
 
-def record(state: dict) -> dict:
+def record(state: Mapping[str, Any]) -> dict[str, Any]:
     """A run's state in brief, as the index keeps it."""
     return {"v": state.get("version", 0), "status": state.get("status"),
             "error": (state.get("error") or "")[:ERROR_CHARS] or None,
@@ -70,11 +70,11 @@ def record(state: dict) -> dict:
 class Index:
     """What the index says: the newest record of each run it knows."""
     generation: int  # of the snapshot read; -1 when there is none yet
-    runs: dict[str, dict] = field(default_factory=dict)
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # journal -> bytes read (whole lines)
     unfolded: int = 0  # journal lines read past the snapshot
 
-    def add(self, run_id: str, rec: dict) -> None:
+    def add(self, run_id: str, rec: dict[str, Any]) -> None:
         """Keep the newer of `rec` and the record held (equal versions are the same write)."""
         held = self.runs.get(run_id)
         if held is None or rec["v"] >= held["v"]:
@@ -99,14 +99,14 @@ class Journal:
         self.pid = 0
         self.lock_fd = -1
 
-    def append(self, run_id: str, rec: dict) -> None:
+    def append(self, run_id: str, rec: dict[str, Any]) -> None:
         """Append a record; a failure is logged, not raised: the run's state.json is written
         already, and the index only lags until `status` reconciles or rebuilds it."""
         line = (json.dumps({"run": run_id, **rec}, separators=(",", ":")) + "\n").encode()
         try:
             if self.path is None or self.pid != os.getpid():  # a forked child writes its own
                 self._create()
-            append_line(self.path, line)
+            append_line(self.path, line)  # type: ignore[arg-type]  # set by _create
         except OSError as e:
             log.warning("index journal %s: %s; the index catches up from state.json", self.path, e)
             self.path = None
@@ -171,7 +171,7 @@ def _generation(root: str) -> int:
     return snapshots[0][0] if snapshots else -1
 
 
-def _newest(root: str) -> tuple[int, dict]:
+def _newest(root: str) -> tuple[int, dict[str, Any]]:
     while True:
         snapshots = _snapshots(root)
         if not snapshots:
@@ -192,10 +192,10 @@ def _newest(root: str) -> tuple[int, dict]:
             raise IndexDamaged(f"{name}: not an index snapshot of format 1 or {FORMAT} ({e!r})") from None
 
 
-def _columns(runs: dict[str, dict]) -> dict:
+def _columns(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The records as a snapshot holds them: a column per field; the errors (few) by run; the
     jobs as a number into a table of the distinct ones (a sweep's runs mostly share theirs)."""
-    tables: dict[tuple, int] = {}
+    tables: dict[tuple[Any, ...], int] = {}
     jobs = [tables.setdefault(tuple((job, *entry) for job, entry in rec["jobs"].items()), len(tables))
             for rec in runs.values()]
     return {"runs": list(runs), "v": [rec["v"] for rec in runs.values()],
@@ -205,7 +205,7 @@ def _columns(runs: dict[str, dict]) -> dict:
                                          for table in tables]}
 
 
-def _records(snapshot: dict) -> dict[str, dict]:
+def _records(snapshot: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The records of a snapshot (of format 1 or 2). Runs with the same jobs table share it:
     records are replaced, never changed in place."""
     if snapshot["format"] == 1:
@@ -274,7 +274,7 @@ def fold(root: str) -> None:
         log.warning("index of %s not folded: %s; `status` reads it as it is", root, e)
 
 
-def of_states(states: Iterator[tuple[str, dict]]) -> Index:
+def of_states(states: Iterable[tuple[str, Mapping[str, Any]]]) -> Index:
     """The index of these states (each run's state.json), as `replace` writes it."""
     index = Index(-1)
     for run_id, state in states:
@@ -292,7 +292,7 @@ def replace(root: str, index: Index) -> None:
     _drop_older(root, generation, keep=True)
 
 
-def _publish(root: str, generation: int, runs: dict, folded: dict) -> bool:
+def _publish(root: str, generation: int, runs: dict[str, dict[str, Any]], folded: dict[str, int]) -> bool:
     snapshot = {"format": FORMAT, "generation": generation, "folded": folded, **_columns(runs)}
     path = os.path.join(directory(root), f"snapshot-{generation:012d}.json")
     os.makedirs(directory(root), exist_ok=True)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from common.atomic import write_json
 
@@ -28,7 +29,7 @@ def sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def digest(path: Path) -> dict:
+def digest(path: Path) -> dict[str, Any]:
     h = hashlib.sha256()
     with open(path, "rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):

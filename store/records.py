@@ -108,6 +108,14 @@ def marker() -> Marker:
     return {"store": OWNER, "format_version": FORMAT_VERSION}
 
 
+def read_config(path: str) -> Optional[dict[str, Any]]:
+    """A run's resolved config (as the orchestrator rendered it); None when no job wrote it yet."""
+    try:
+        return cast(Optional[dict[str, Any]], read_yaml(path))
+    except FileNotFoundError:
+        return None
+
+
 def read_state(path: str) -> Optional[RunState]:
     return cast(Optional[RunState], read_json(path))
 

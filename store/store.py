@@ -37,11 +37,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
-from common.atomic import read_json, read_yaml, write_json, write_text
+from common.atomic import read_json, write_json, write_text
 from store import index, integrity
-from store.layout import FORMAT_VERSION, MARKER, OWNER, RUN_JSON, TOP_LEVEL, Layout, RunPaths
+from store.layout import FORMAT_VERSION, MARKER, METRICS, OWNER, RUN_JSON, STATE, TOP_LEVEL, Layout, RunPaths
 from store.records import (ConfigsRecord, Metrics, RunState, SweepConfigs, SweepManifest, marker, new_manifest,
-                           now, read_manifest, read_metrics, read_state, read_sweep_configs, write_manifest,
+                           now, read_config, read_manifest, read_metrics, read_state, read_sweep_configs, write_manifest,
                            write_metrics, write_state, write_sweep_configs)
 
 DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
@@ -162,7 +162,11 @@ class Store:
             write_text(path, render(), durable=False)
 
     def read_config(self, run_id: str) -> dict[str, Any]:
-        config: dict[str, Any] = read_yaml(self.layout.run(run_id).config)
+        """The run's config.yaml; FileNotFoundError when no job wrote it yet."""
+        path = self.layout.run(run_id).config
+        config = read_config(path)
+        if config is None:
+            raise FileNotFoundError(path)
         return config
 
     def run_ids(self) -> list[str]:
@@ -288,11 +292,10 @@ class Store:
                 parsed[name] = None
                 unreadable.add(name)
                 found.append(f"{name} {str(e).split(': ', 1)[1]}")
-        state_file, metrics_file = RUN_JSON
-        jobs = (parsed[state_file] or {}).get("jobs", {})
-        no_metrics = parsed[metrics_file] is None and metrics_file not in unreadable
+        jobs = (parsed[STATE] or {}).get("jobs", {})
+        no_metrics = parsed[METRICS] is None and METRICS not in unreadable
         if no_metrics and any(j.get("status") == DONE for j in jobs.values()):
-            found.append(f"{metrics_file} missing although a job is done")
+            found.append(f"{METRICS} missing although a job is done")
         for path in self._checkpoints(run_id):
             if bad := integrity.problem(Path(path), full=False):
                 found.append(f"checkpoint {bad}")
@@ -303,10 +306,9 @@ class Store:
         every job is set to do again, keeping its attempt count. Returns the run's state, with
         the problems found this time last in its `recovered` list."""
         found, parsed = self.inspect(run_id)
-        state_file = RUN_JSON[0]
         if not found:
-            return parsed[state_file] or _untouched(run_id)  # type: ignore[return-value]
-        paths, old_state = self.layout.run(run_id), parsed[state_file] or {}
+            return parsed[STATE] or _untouched(run_id)  # type: ignore[return-value]
+        paths, old_state = self.layout.run(run_id), parsed[STATE] or {}
         for name in RUN_JSON:
             try:
                 read_json(paths.json(name))
