@@ -2,7 +2,7 @@
 
 A sweep of at most `CHECKED` runs (or any sweep, with `--check`) is read run by run: every run's
 state, config and files are checked, as `report` and the next sweep check them. A larger one is
-read from the store's index (orchestrator/index.py), which answers in a second for 100,000 runs:
+read from the store's index (store/index.py), which answers in a second for 100,000 runs:
 only the runs it says are running are read from their files (to tell running from stale). Up to
 `LISTED` runs get a line each; beyond that, the counts and the runs that are not done or pending
 (all with `--all`).

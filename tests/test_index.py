@@ -1,4 +1,4 @@
-"""The store's index (orchestrator/index.py): what `status` of a large sweep reads instead of every
+"""The store's index (store/index.py): what `status` of a large sweep reads instead of every
 run's files. It must say what the run directories say, whatever happened to it: a torn write, a
 second driver writing and compacting at the same time, damage, loss."""
 import io
