@@ -305,7 +305,7 @@ def job_environment(cfg: Any, run_id: str) -> Iterator[None]:
 
 def tag_sweep(configs: list, name: str) -> None:
     """Tell each run's jobs their sweep (the W&B group). config.yaml leaves it out
-    (store.config_dict), so a run shared by sweeps does not differ in config by the sweep that
+    (identity.config_dict), so a run shared by sweeps does not differ in config by the sweep that
     first ran it; the run id ignores `tracker` anyway."""
     for c in configs:
         c.tracker.sweep = name

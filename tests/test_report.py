@@ -577,15 +577,16 @@ def test_run_files_handed_over_are_not_read_again_and_give_the_same_report(store
     """The orchestrator's report checks every run's files and hands them to the analysis
     (`analyse(read=...)`): the report is the one the analysis writes reading the store itself, and
     no run's state.json or metrics.json is opened a second time."""
-    from store.store import Store
+    from store.store import Store, format_of
 
     load = importlib.import_module("analysis.load")  # the module (the package's `load` is its function)
 
     from_disk = render_markdown(analyse(store, "demo"))
     runs = Store(store)
     files = {rid: runs.inspect(rid)[1] for rid in runs.read_sweep("demo")["run_ids"]}
-    opened = []
+    opened, checked = [], []
     monkeypatch.setattr(load, "read_json", lambda path: opened.append(str(path)) or json.loads(Path(path).read_text()))
+    monkeypatch.setattr(load, "format_of", lambda root: checked.append(root) or format_of(root))
     handed = analyse(store, "demo", read=lambda rid, name: files[rid][name])
     assert render_markdown(handed) == from_disk
-    assert not [p for p in opened if "/runs/" in p] and any(p.endswith("store.json") for p in opened)
+    assert not [p for p in opened if "/runs/" in p] and checked  # the store's format was checked
