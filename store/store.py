@@ -69,8 +69,10 @@ def format_of(root: Union[str, os.PathLike[str]]) -> Optional[int]:
             text = f.read()
     except FileNotFoundError:
         names = sorted(os.listdir(layout.root))
-        unrelated = [n for n in names if n not in TOP_LEVEL]
-        if unrelated:  # a store being created holds only our directories until its marker is written
+        # A store being created by another sweep holds only our directories, and the marker's
+        # temporary file (common/atomic.py), until its marker is written.
+        unrelated = [n for n in names if n not in TOP_LEVEL and not n.startswith(f".{MARKER}.")]
+        if unrelated:
             raise StoreError(f"{where} holds files that are not a results store "
                              f"({', '.join(unrelated[:SHOWN])}{', ...' if len(unrelated) > SHOWN else ''}) "
                              f"and no {MARKER}; {fix}")

@@ -108,7 +108,7 @@ def test_a_two_node_job_waits_with_a_clear_state_while_a_node_is_taken(cluster, 
     def watch() -> None:  # beside the driver, which keeps the main thread (it handles signals)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not seen:
-            for rid in store.run_ids() if store.runs.exists() else []:
+            for rid in store.run_ids():
                 if store.job_state(rid, "train")["status"] == "waiting":
                     out = io.StringIO()
                     store.record_sweep("t", [], [rid])

@@ -221,7 +221,7 @@ def test_cancel_of_a_local_sweep_says_there_is_nothing_to_cancel(tmp_path, capsy
     assert main(["cancel", "local-one", "--store", str(tmp_path)]) == 0
     assert "nothing to cancel" in capsys.readouterr().out
     assert "slurm_jobs" not in store.read_sweep("local-one")
-    assert main(["cancel", "nope", "--store", str(tmp_path)]) == 1
+    assert main(["cancel", "nope", "--store", str(tmp_path)]) == 2  # a store error
     assert "no sweep named 'nope'" in capsys.readouterr().out
 
 

@@ -98,8 +98,9 @@ def test_a_new_store_gets_the_marker_and_an_old_one_keeps_its_store_json_until_u
     write_json(old / "store.json", {"format_version": 3})
     Store(old).create()
     assert Store(old).check() == 3  # store/upgrade.py writes the marker, last
-    half = tmp_path / "half"  # killed while created: only our directories, no marker yet
+    half = tmp_path / "half"  # being created by another sweep: our directories, the marker's temporary file
     (half / "runs").mkdir(parents=True)
+    (half / ".store.json.123.456.tmp").write_text("")
     assert Store(half).check() is None
 
 

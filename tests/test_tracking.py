@@ -215,7 +215,7 @@ def test_wandb_sync_fails_cleanly_offline_and_runs_wandb_sync_online(swept, monk
     dirs = sorted((root / "wandb").glob("offline-run-*"))
     assert calls == [[sys.executable, "-m", "wandb", "sync", *map(str, dirs)]]
     assert "wandb sync done (3 run directories" in capsys.readouterr().out
-    assert main(["wandb-sync", "nope", "--store", str(root)]) == 1
+    assert main(["wandb-sync", "nope", "--store", str(root)]) == 2  # a store error
 
 
 # ---------------------------------------------------------------------------------------------
