@@ -133,7 +133,7 @@ def test_driver_killed_then_rerun_finishes_every_run_and_repairs_damaged_files(
     assert any(p.startswith(f"problem {lidas} ") and f"checkpoint {newest.name}" in p for p in problems)
     assert any(p.startswith(f"problem {dense} ") and "state.json unreadable" in p for p in problems)
     assert any(p.startswith(f"problem {looped} ") and "metrics.json unreadable" in p for p in problems)
-    assert main(["report", "k", "--store", str(root)]) == 1  # one line, not a traceback
+    assert main(["report", "k", "--store", str(root)]) == 2  # one line, not a traceback
     error = [s for s in capsys.readouterr().out.splitlines() if s.startswith("error:")]
     assert len(error) == 1 and "see `status`" in error[0]
 
