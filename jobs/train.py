@@ -23,21 +23,20 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import Optional, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from config.run import JobConfig
 from jobs.checkpoint import latest_checkpoint, save_checkpoint
 from jobs.families import build_model
 from jobs.flops import flops_per_token
 from jobs.model import Decoder
 from jobs.optim import build_optimizer, learning_rate
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 Batches = Callable[[int], tuple[Tensor, Tensor]]
 

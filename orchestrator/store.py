@@ -41,14 +41,13 @@ import fcntl
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import yaml
 
 from common.atomic import read_json, read_yaml, write_json, write_text, write_yaml, yaml_text
-from common.settings import setting, to_dict
+from common.settings import to_dict
 from common.sweep_configs import CONFIGS, SweepConfigs, read_sweep_configs
 from jobs import integrity
 from orchestrator import index
@@ -63,15 +62,6 @@ WAITING = "waiting"  # a multi-node job whose nodes the cluster cannot give now 
 
 class StoreError(RuntimeError):
     """The store cannot be used as asked (version, permissions, missing sweep)."""
-
-
-@dataclass
-class StoreConfig:
-    root: str = setting()  # a directory; on a cluster, on the filesystem every node shares
-    # What a run keeps of its checkpoints once every job of it is done (training keeps its last two
-    # either way, to resume): `final_weights`, the last one without its optimizer state (all an
-    # evaluation reads, jobs/checkpoint.py `keep_final_weights`); `last_two`, both as they are.
-    keep_checkpoints: str = setting("final_weights", choices=("final_weights", "last_two"))
 
 
 def now() -> str:
@@ -371,11 +361,8 @@ class Store:
 
 
 def config_dict(cfg: Any) -> dict:
-    """What a run's config.yaml holds: its resolved config, without the sweep that runs it
-    (`tracker.sweep`, its W&B group), so a run shared by sweeps has one config."""
-    plain = to_dict(cfg)
-    plain["tracker"]["sweep"] = None
-    return plain
+    """What a run's config.yaml holds: its resolved config."""
+    return to_dict(cfg)
 
 
 def config_yaml(cfg: Any) -> str:

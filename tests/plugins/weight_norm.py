@@ -8,6 +8,7 @@ from typing import Any
 
 from common.metrics import MetricSpec
 from common.settings import setting
+from jobs.backends import load_model
 from jobs.contract import JobResult, Progress
 from jobs.evals import evaluation
 
@@ -21,5 +22,5 @@ class WeightNormSettings:
 @evaluation("weight_norm", title="Weight norm", settings=WeightNormSettings, data=("regbench", "arith"), metrics={
     "embedding_norm": MetricSpec("embedding norm (scaled)", higher_is_better=False)})
 def weight_norm(cfg: Any, run_dir: Path, progress: Progress) -> JobResult:
-    model = cfg.backend.load_model(cfg, run_dir)
+    model = load_model(cfg, run_dir)
     return JobResult(metrics={"embedding_norm": cfg.eval.weight_norm.scale * float(model.embed.weight.norm())})
