@@ -1,6 +1,11 @@
 """Composition, typed validation and grid expansion through Hydra's own grammar."""
 import dataclasses
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ from config.cluster import CLUSTER_CONFIGS
 from config.data import DATA_CONFIGS
 from config.evals import EVAL_CONFIGS
 from config.family import FAMILY_CONFIGS
+from config.run import JobConfig, job_dict, load_job_config
 from jobs.backends import BACKENDS
 from jobs.data import STREAMS
 from jobs.evals import EVALUATIONS
@@ -280,3 +286,41 @@ def test_a_data_curriculum_is_part_of_the_id_only_when_set():
     assert run_id(warm) != run_id(plain)
     assert {cfg.data.warmup.steps for cfg in preset.values()} == {2500}
     assert preset["lidas"].family.growth.initial_blocks == 2
+
+
+def test_the_config_package_imports_without_torch_jobs_or_the_orchestrator():
+    """analysis and tools read run configs: `config` is data only (the layer contract says so too)."""
+    code = ("import sys; from config import RunConfig; "
+            "print(sorted(m for m in ('torch', 'jobs', 'orchestrator') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_planned_configs_are_frozen_and_reach_the_job_unchanged():
+    with hydra_session():
+        cfg = compose_run(["family=lidas", "size=micro", "seed=3"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.steps = 1  # type: ignore[misc]
+    job = load_job_config(job_dict(cfg))  # what a torchrun rank reads
+    assert all(getattr(job, f.name) == getattr(cfg, f.name) for f in dataclasses.fields(JobConfig))
+
+
+@pytest.mark.parametrize("reach, message", [
+    ("assign", r"^family: its derive\(\) assigned a value \(cannot assign to field 'n_layers'\)"),
+    ("return", r"^family: its derive\(\) returned n_layers, which are not fields of family")])
+def test_a_derive_that_writes_another_section_is_refused(tmp_path, reach, message):
+    """A section's derive returns its own new values; a plugin family's that reaches into `model`
+    is refused when the run is planned (in a process of its own: the plugin stays registered)."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "family" / "greedy.yaml").write_text("name: greedy\n")
+    code = ("from orchestrator.config import ConfigError, compose_run, hydra_session\n"
+            "with hydra_session():\n"
+            "    try:\n"
+            f"        compose_run(['family=greedy', 'family.reach={reach}', 'size=micro'])\n"
+            "    except ConfigError as e:\n"
+            "        print(e)\n")
+    env = {**os.environ, "ORCHESTRATOR_PLUGINS": "greedy_family", "ORCHESTRATOR_CONF_DIR": str(conf),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "plugins"), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert re.match(message, out.stdout), out.stdout + out.stderr

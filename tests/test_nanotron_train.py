@@ -101,8 +101,7 @@ def test_command_and_environment_for_an_allocation(monkeypatch):
     wandb_keys = ("WANDB_RUN_ID", "WANDB_RUN_GROUP", "WANDB_TAGS", "WANDB_JOB_TYPE")
     for key in wandb_keys:
         monkeypatch.delenv(key, raising=False)
-    cfg.tracker.sweep = "s1"
-    with tracking.job_environment(cfg, "abc123"):
+    with tracking.job_environment(cfg, "abc123", sweep="s1"):
         env = render.environment(cfg, 1)
         assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["LOCAL_WORLD_SIZE"] == "4"
         assert os.environ["WANDB_RUN_GROUP"] == "s1/lidas-tiny" and env["WANDB_RUN_ID"] == "abc123-stage1"

@@ -1,5 +1,6 @@
 """Training loop: schedule, learning, determinism, checkpoints and kill/resume bit-identity."""
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -174,7 +175,7 @@ def test_a_compiled_run_grows_and_matches_the_eager_run(reference, tmp_path):
     """train.compile: a LIDAS run recompiles at each growth step and learns what the eager run
     learns (not bit for bit: fused kernels round differently); its checkpoints load uncompiled."""
     cfg = micro_cfg("lidas")
-    cfg.train.compile = True
+    cfg.train = dataclasses.replace(cfg.train, compile=True)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     train(cfg, tmp_path, counting_batches)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs >= 3  # depths 2, 4, 6
