@@ -43,7 +43,7 @@ from bench.report import Report, markdown_argument  # noqa: E402
 from orchestrator import grid  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.config import hydra_session, typed_run  # noqa: E402
-from orchestrator.executors import ray_driver  # noqa: E402
+from orchestrator.executors import executor_of, ray_driver  # noqa: E402
 from orchestrator.identity import config_yaml  # noqa: E402
 from orchestrator.plan import plan  # noqa: E402
 from store.store import Store  # noqa: E402
@@ -90,7 +90,7 @@ def noop_runs(n: int, root: Path) -> tuple[list, Store, object]:
     for r in runs:
         r.todo = ["noop"]
         store.write_config(r.run_id, lambda: config_yaml(r.config))
-    return runs, store, cfgs[0].cluster.executor()
+    return runs, store, executor_of(cfgs[0].cluster)
 
 
 def _execute_free(job: str, run_id: str, store_root: str, cfg: object, *after: object, **_: object) -> tuple[str, dict]:

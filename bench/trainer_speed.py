@@ -32,6 +32,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import Report, markdown_argument  # noqa: E402
+from jobs.data import train_stream
 from jobs.families import build_model  # noqa: E402
 from jobs.flops import flop_ratio, flops_per_token  # noqa: E402
 from jobs.model import ModelConfig  # noqa: E402
@@ -125,7 +126,7 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
     torch.manual_seed(0)
     ours = build_model(cfg.family, cfg.model)
     hf = hf_llama(cfg.model, ours)
-    stream = cfg.data.train_stream(0, cfg.train.batch_size)
+    stream = train_stream(cfg.data, 0, cfg.train.batch_size)
     probe = stream.batch(0)[0][:2]
     with torch.no_grad():
         gap = (ours(probe) - hf(input_ids=probe).logits.float()).abs().max().item()
@@ -172,7 +173,7 @@ def lidas_vs_dense(size: str, threads: int, steps: int, repeats: int) -> None:
     walls = {f: [] for f in cfgs}
     for _ in range(repeats):
         for family, cfg in cfgs.items():
-            stream = cfg.data.train_stream(0, cfg.train.batch_size)
+            stream = train_stream(cfg.data, 0, cfg.train.batch_size)
             with tempfile.TemporaryDirectory() as run_dir:
                 walls[family].append(_train_wall(cfg, Path(run_dir), stream))
     dense, lidas = (statistics.median(walls[f]) for f in ("dense", "lidas"))

@@ -1,8 +1,10 @@
 """Components by name: families, evaluations, backends, data kinds and cluster kinds.
 
-Each kind of component has one `Registry`. A component registers itself where it is defined
-(`@FAMILIES.register("lidas")`), and a registry imports every module of its package the first
-time it is asked, so adding a component is adding a file. Modules outside the project that
+Each kind of component has one `Registry` for its config classes (config/, by the choice that
+names them: `family.name`, `data.kind`, ...) and one for its behaviour (jobs/, orchestrator/),
+keyed by the same name. A component registers itself where it is defined
+(`@FAMILY_CONFIGS.register("lidas")`), and a registry imports its module, or every module of its
+package, the first time it is asked, so adding a component is adding a file. Modules outside the project that
 register components (your own evaluation, a test's) are named in $ORCHESTRATOR_PLUGINS
 (comma-separated module names), which Ray workers and launched ranks inherit.
 """
@@ -41,8 +43,8 @@ class Registry(Generic[T]):
         if self._discovered:
             return
         self._discovered = True
-        package = importlib.import_module(self.package)
-        for module in pkgutil.iter_modules(package.__path__):
+        package = importlib.import_module(self.package)  # a package: each of its modules too
+        for module in pkgutil.iter_modules(getattr(package, "__path__", [])):
             importlib.import_module(f"{self.package}.{module.name}")
         for plugin in filter(None, os.environ.get(PLUGINS_ENV, "").split(",")):
             importlib.import_module(plugin.strip())
@@ -63,9 +65,13 @@ class Registry(Generic[T]):
             hint = f" (did you mean {near[0]}?)" if near else ""
             article = "an" if self.kind[0] in "aeiou" else "a"
             raise ConfigError(f"{self.key}={name}: no such {self.kind}{hint}; choose one of: "
-                              f"{', '.join(self.names())} ({article} {self.kind} is a file in "
-                              f"{self.package.replace('.', '/')}/)")
+                              f"{', '.join(self.names())} ({article} {self.kind} is {self._home()})")
         return self._items[name]
+
+    def _home(self) -> str:
+        path = self.package.replace(".", "/")
+        package = importlib.import_module(self.package)
+        return f"a file in {path}/" if hasattr(package, "__path__") else f"registered in {path}.py"
 
     def items(self) -> list[tuple[str, T]]:
         self._discover()

@@ -3,7 +3,7 @@
 A component declares its config as a dataclass; each field says its type and what values it
 allows, e.g.
 
-    @dataclass
+    @dataclass(frozen=True)
     class TrainConfig:
         steps: int = setting(gt=0)
         lr: float = setting(gt=0)
@@ -28,7 +28,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 CONSTRAINTS = "constraints"  # the field metadata key
 
@@ -152,9 +152,20 @@ def typed_node(root: type, raw: Any) -> DictConfig:
     (OmegaConf raises on an unknown key or a value of the wrong type), and stay checked for
     later assignments."""
     node = OmegaConf.structured(root)
-    for key, cls in root.section_types(raw).items():
+    _writable(node)
+    for key, cls in (root.section_types(raw) if hasattr(root, "section_types") else {}).items():
         node[key] = OmegaConf.structured(cls)
+    _writable(node)
     return OmegaConf.merge(node, raw)
+
+
+def _writable(node: Any) -> None:
+    """Clear the read-only flag OmegaConf sets on the nodes of a frozen dataclass: composition
+    fills and overrides them; `OmegaConf.to_object` makes the frozen objects."""
+    node._set_flag("readonly", None)
+    if isinstance(node, (DictConfig, ListConfig)) and not node._is_none() and not node._is_missing():
+        for key in (node.keys() if isinstance(node, DictConfig) else range(len(node))):
+            _writable(node._get_node(key))
 
 
 def from_dict(root: type, raw: Any) -> Any:

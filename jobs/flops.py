@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from jobs.families import FamilyConfig
-from jobs.model import ModelConfig
+from config.family import FamilyConfig
+from config.model import ModelConfig
+from jobs.families import family_of
 
 
 def flops_per_token(model: ModelConfig, effective_layers: int, n_ctx: int) -> int:
@@ -33,7 +34,7 @@ def schedule_flops(family: FamilyConfig, model: ModelConfig, steps: int, tokens_
     """Training FLOPs of the whole run: each stage's steps at that stage's depth."""
     return tokens_per_step * sum(
         (stage.end_step - stage.start_step) * flops_per_token(model, stage.n_layers, n_ctx)
-        for stage in family.stages(model, steps))
+        for stage in family_of(family).stages(model, steps))
 
 
 def flop_ratio(family: FamilyConfig, model: ModelConfig, steps: int, n_ctx: Optional[int] = None) -> float:

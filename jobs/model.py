@@ -7,40 +7,11 @@ Decoding passes a `KVCache`, which holds keys and values per application of a la
 model's shared block gets one entry per loop), so generation costs one position per step.
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.settings import require, setting
-
-
-@dataclass
-class ModelConfig:
-    """The decoder's shape (conf/size/*.yaml). `block_size` is the unit of depth a family works
-    in: LIDAS grows by one block per stage, a looped model repeats one block."""
-    name: str = setting()
-    d_model: int = setting(gt=0)
-    n_layers: int = setting(gt=0)
-    n_heads: int = setting(gt=0)
-    n_kv_heads: int = setting(gt=0)
-    d_ff: int = setting(gt=0)
-    vocab_size: int = setting(gt=0)
-    max_seq_len: int = setting(gt=0)
-    rope_theta: float = setting(gt=0)
-    norm_eps: float = setting(gt=0)
-    init_std: float = setting(gt=0)
-    block_size: int = setting(gt=0)
-    tie_embeddings: bool = setting()
-
-    def check(self, run: object) -> None:
-        require(self.d_model % self.n_heads == 0,
-                f"model.n_heads={self.n_heads}: must divide model.d_model={self.d_model}")
-        require(self.n_heads % self.n_kv_heads == 0,
-                f"model.n_kv_heads={self.n_kv_heads}: must divide model.n_heads={self.n_heads}")
-        require((self.d_model // self.n_heads) % 2 == 0,
-                f"model.d_model/n_heads={self.d_model // self.n_heads}: RoPE needs an even head size")
+from config.model import ModelConfig
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:

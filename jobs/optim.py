@@ -1,38 +1,14 @@
-"""The training recipe: its settings (`train` in conf/), the learning-rate schedule and the
-optimizer. The training loop (jobs/train.py) and LIDAS growth (jobs/families/lidas.py) use it."""
+"""The training recipe: the learning-rate schedule and the optimizer over its settings (`train`
+in conf/, config/train.py). The training loop (jobs/train.py) and LIDAS growth
+(jobs/families/lidas.py) use it."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
-from common.settings import require, setting
-
-
-@dataclass
-class TrainConfig:
-    """The optimisation of a run (conf/config.yaml, a size's `train` section). `max_retries`,
-    `checkpoint_every` and `compile` do not change results (not in the run id)."""
-    steps: int = setting(gt=0)
-    batch_size: int = setting(gt=0)
-    lr: float = setting(gt=0)
-    min_lr_ratio: float = setting(ge=0, le=1)
-    warmup_steps: int = setting(ge=0)
-    weight_decay: float = setting(ge=0)
-    beta1: float = setting(ge=0, lt=1)
-    beta2: float = setting(ge=0, lt=1)
-    grad_clip: float = setting(gt=0)
-    checkpoint_every: int = setting(gt=0)
-    log_every: int = setting(gt=0)
-    max_retries: int = setting(ge=0)
-    compile: bool = setting()  # torch.compile the model: a compilation per depth
-
-    def check(self, run: Any) -> None:
-        require(self.warmup_steps < self.steps,
-                f"train.warmup_steps={self.warmup_steps}: must be in [0, train.steps={self.steps})")
+from config.train import TrainConfig
 
 
 def learning_rate(step: int, train_cfg: TrainConfig) -> float:

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from jobs.config import load_job_config
+from config.run import load_job_config
 from jobs.launch import ERROR, PROGRESS, die_with_parent, dump_result, emit
 from jobs.registry import get_job
 

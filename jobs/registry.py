@@ -5,19 +5,17 @@ records; `get_job` is how the orchestrator's worker and a torchrun rank find one
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from common.metrics import CurveSpec, MetricSpec
+from config.run import JobConfig
+from jobs.backends import backend_of
 from jobs.contract import Job, JobResult, Progress
 from jobs.evals import EVALUATIONS
-
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 
 def train(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """Train (or resume) the run with its backend, in this process."""
-    result = cfg.backend.train(cfg, run_dir, progress)
+    result = backend_of(cfg).train(cfg, run_dir, progress)
     assert result is not None  # the single-process path is rank 0
     return result
 

@@ -6,8 +6,9 @@ CPU text model needs. On real text it costs about four times the tokens of a BPE
 """
 from __future__ import annotations
 
+from config.data import BYTE_VOCAB_SIZE as VOCAB_SIZE  # noqa: F401  (data.vocab_size is checked against it)
+
 BOS, EOS, PAD = 256, 257, 258
-VOCAB_SIZE = 259
 
 
 def encode(text: str, bos: bool = False, eos: bool = False) -> list[int]:

@@ -23,21 +23,20 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import Optional, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from config.run import JobConfig
 from jobs.checkpoint import latest_checkpoint, save_checkpoint
-from jobs.families import build_model
+from jobs.families import build_model, family_of
 from jobs.flops import flops_per_token
 from jobs.model import Decoder
 from jobs.optim import build_optimizer, learning_rate
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 Batches = Callable[[int], tuple[Tensor, Tensor]]
 
@@ -164,7 +163,8 @@ def train(
     if train_cfg.compile:
         model.compile()  # in place, so the state dict keeps its keys; a growth step recompiles
     module = wrap(model)
-    stages = cfg.family.stages(cfg.model, total)
+    family = family_of(cfg.family)
+    stages = family.stages(cfg.model, total)
     grow_to = {stage.start_step: stage.n_layers for stage in stages}
     stage_ends = {stage.end_step for stage in stages}
 
@@ -175,7 +175,7 @@ def train(
     for step in range(run["step"], total):
         if model.depth < grow_to.get(step, model.depth):
             while model.depth < grow_to[step]:
-                optimizer = cfg.family.grow(model, optimizer, lambda m: build_optimizer(m, train_cfg))
+                optimizer = family.grow(model, optimizer, lambda m: build_optimizer(m, train_cfg))
             module = wrap(model)
         lr = learning_rate(step, train_cfg)
         for group in optimizer.param_groups:

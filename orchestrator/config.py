@@ -1,22 +1,21 @@
-"""The run config: Hydra composes it from conf/, each section is typed by the class its component
-declares, and every declared constraint is checked, so a bad override fails here, as one
-`ConfigError` line, before any job starts or any file is written.
-
-A run config is a job's config (jobs/config.py) plus where and how the run happens: the cluster
-(orchestrator/executors/), the store, W&B tracking and adaptive seeding."""
+"""Composing the run config: Hydra composes it from conf/, each section is typed by the class its
+component declares (config/), derived values are filled in and every declared constraint is
+checked, so a bad override fails here, as one `ConfigError` line, before any job starts or any
+file is written. Only planning composes; what a sweep planned is read back from the store."""
 from __future__ import annotations
 
 import copy
 import dataclasses
 import os
 import re
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.config_repository import IConfigRepository
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -24,37 +23,16 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from common.settings import (ConfigError, from_dict, known_part, require, section, typed_node, validate,
-                             validate_field)
-from jobs.config import JobConfig, choice
-from jobs.evals import EVALUATIONS
-from orchestrator.adaptive import AdaptiveConfig
-from orchestrator.executors import CLUSTERS, ClusterConfig
-from orchestrator.store import StoreConfig
-from orchestrator.tracking import TrackerConfig
+from common.settings import ConfigError, require, typed_node, validate, validate_field
+from config.evals import EVAL_CONFIGS
+from config.run import RunConfig, load_run_config, with_derived
+from jobs.registry import get_job
 
-__all__ = ["CONF_DIR", "ConfigError", "RunConfig", "compose_run", "compose_runs", "hydra_session"]
+__all__ = ["CONF_DIR", "ConfigError", "RunConfig", "compose_run", "compose_runs", "hydra_session",
+           "load_run_config"]
 
 # The config groups; ORCHESTRATOR_CONF_DIR points at another copy (your own groups, or tests).
 CONF_DIR = Path(os.environ.get("ORCHESTRATOR_CONF_DIR") or Path(__file__).resolve().parent.parent / "conf")
-
-
-@dataclass
-class RunConfig(JobConfig):
-    cluster: ClusterConfig = section(ClusterConfig)
-    store: StoreConfig = section(StoreConfig)
-    adaptive: AdaptiveConfig = section(AdaptiveConfig)
-    tracker: TrackerConfig = section(TrackerConfig)
-
-    @classmethod
-    def section_types(cls, raw: Any) -> dict[str, type]:
-        return {**super().section_types(raw), "cluster": CLUSTERS[choice(raw, "cluster.name")]}
-
-
-def load_run_config(raw: dict) -> RunConfig:
-    """The typed config of a stored config.yaml (a run planned earlier, perhaps by an earlier
-    version: keys today's classes do not have, such as format 1's null sections, are left out)."""
-    return from_dict(RunConfig, known_part(RunConfig, raw))
 
 
 def config_groups(conf_dir: Optional[Path] = None) -> dict[str, list[str]]:
@@ -62,13 +40,13 @@ def config_groups(conf_dir: Optional[Path] = None) -> dict[str, list[str]]:
     registered evaluations: what `--help` lists, as Hydra apps do."""
     root = conf_dir or CONF_DIR
     groups = {d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in sorted(root.iterdir()) if d.is_dir()}
-    return {**groups, "eval.jobs": EVALUATIONS.names()}
+    return {**groups, "eval.jobs": EVAL_CONFIGS.names()}
 
 
 # ---------------------------------------------------------------------------------------------
 # Composition
 
-def hydra_session(conf_dir: Optional[Path] = None) -> Any:
+def hydra_session(conf_dir: Optional[Path] = None) -> AbstractContextManager[None]:
     """Context manager that points Hydra at `conf_dir` (default CONF_DIR; re-entrant: clears a
     previous session)."""
     GlobalHydra.instance().clear()
@@ -156,7 +134,7 @@ def _plain_seed(overrides: list[str]) -> tuple[Optional[int], tuple[str, ...]]:
 def _interpolates_seed(node: DictConfig) -> bool:
     """Whether any value of the config interpolates something named seed (then a seed changes
     more than its own key, and each point is composed whole)."""
-    def strings(value: Any) -> Iterator[str]:
+    def strings(value: object) -> Iterator[str]:
         if isinstance(value, dict):
             for v in value.values():
                 yield from strings(v)
@@ -193,7 +171,7 @@ def apply_value_overrides(node: DictConfig, overrides: list[Override]) -> None:
         raise ConfigError(_override_message(e)) from None
 
 
-def _is_value_override(o: Override, repository: Any) -> bool:
+def _is_value_override(o: Override, repository: IConfigRepository) -> bool:
     """What Hydra applies after composing (hydra/_internal/defaults_list.py, Overrides)."""
     return not o.is_hydra_override() and (isinstance(o.value(), dict)
                                           or not repository.group_exists(o.key_or_group))
@@ -235,16 +213,20 @@ def _finished(node: DictConfig) -> RunConfig:
                           f"({e.full_key}=<value>)") from None
     except OmegaConfBaseException as e:
         raise ConfigError(_schema_message(e)) from None
-    derive(run)
+    run = with_derived(run)
     validate(run)
+    check_adaptive_metric(run)
     return run
 
 
-def derive(run: RunConfig) -> None:
-    """Each section's derived values (a family's nulls from the size, the tracker's log_every)."""
-    for value in (getattr(run, name) for name in vars(run)):
-        if hasattr(value, "derive"):
-            value.derive(run)
+def check_adaptive_metric(run: RunConfig) -> None:
+    """adaptive.metric must be an outcome that train or an evaluation of eval.jobs records: the
+    jobs declare them, so this check is made here, where the jobs are known."""
+    if run.adaptive.metric is None:
+        return
+    recorded = sorted(set().union(*(get_job(job).outcomes() for job in ["train", *run.eval.jobs])))
+    require(run.adaptive.metric in recorded, f"adaptive.metric={run.adaptive.metric}: not allowed; choose one "
+            f"of: {', '.join(recorded)} (the metrics of train and eval.jobs)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -167,11 +167,8 @@ def run_label(cfg: Any) -> str:
 
 
 def config_dict(cfg: Any) -> dict:
-    """What a run's config.yaml holds: its resolved config, without the sweep that runs it
-    (`tracker.sweep`, its W&B group), so a run shared by sweeps has one config."""
-    plain = to_dict(cfg)
-    plain["tracker"]["sweep"] = None
-    return plain
+    """What a run's config.yaml holds: its resolved config."""
+    return to_dict(cfg)
 
 
 def config_yaml(cfg: Any) -> str:

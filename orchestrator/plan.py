@@ -10,7 +10,7 @@ from typing import Any
 
 from common.settings import ConfigError
 from jobs.flops import schedule_flops
-from jobs.resources import Resources
+from config.resources import Resources
 from orchestrator.identity import PerSiblings, run_ids, run_label, settings_digest
 from store.store import DONE, Store
 

@@ -21,12 +21,15 @@ from typing import Any, Optional
 from rich.console import Console
 
 import analysis
-from common.settings import ConfigError, to_dict
+from common.atomic import write_json
+from common.settings import ConfigError, from_dict, known_part, to_dict
+from config.tracker import TrackerConfig
+from jobs.backends import backend_of
 from jobs.evals import EVALUATIONS
 from jobs.flops import flop_ratio
 from orchestrator import grid, index, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
-from orchestrator.executors import Executor, recorded_executor
+from orchestrator.executors import Executor, executor_of, recorded_executor
 from orchestrator.identity import configs_record, run_id, settings_digest
 from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_text
 from orchestrator.status import LISTED
@@ -43,7 +46,7 @@ class Sweep:
     def __init__(self, name: str, overrides: list[str], configs: list[RunConfig], store: Store,
                  console: Console):
         self.name, self.overrides, self.configs, self.store, self.console = name, overrides, configs, store, console
-        self.executor: Executor = configs[0].cluster.executor()
+        self.executor: Executor = executor_of(configs[0].cluster)
 
     @classmethod
     def compose(cls, overrides: list[str], name: Optional[str], console: Console) -> Sweep:
@@ -103,8 +106,8 @@ class Sweep:
                                f"{len(new)} runs to do (training FLOPs / (cluster.gpu_peak_flops_per_s="
                                f"{cluster.gpu_peak_flops_per_s:.3g} x cluster.gpu_mfu={cluster.gpu_mfu:g}))")
         for r in runs:  # a backend that renders its own configs (nanotron) shows them
-            if hasattr(r.config.backend, "dry_run_text"):
-                self.console.print(r.config.backend.dry_run_text(r.config, r.run_id, self.store.run_dir(r.run_id)),
+            if (text := backend_of(r.config).dry_run_text(r.config, r.run_id, self.store.run_dir(r.run_id))) is not None:
+                self.console.print(text,
                                    markup=False, soft_wrap=True)
         self.executor.describe(runs, self.name, self.overrides, self.store, self.console)
         self.console.print(f"sweep {self.name}: {len(runs)} runs, {len(new)} to do; dry run, nothing "
@@ -130,7 +133,6 @@ class Sweep:
         upgrade(self.store)
         ids = [r.run_id for r in runs]
         self.store.record_sweep(self.name, self.overrides, ids, configs_record(ids, [r.config for r in runs]))
-        tracking.tag_sweep([r.config for r in runs], self.name)  # the jobs' W&B group, not in config.yaml
         if self.executor.synchronous:
             self.console.print(f"sweep [bold]{self.name}[/]: {len(runs)} runs, {sum(r.cached for r in runs)} "
                                f"cached, store {self.store.root}")
@@ -206,7 +208,7 @@ def _cell(cfg: RunConfig, keys: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def report(store: Store, name: str, console: Console, tracker: Optional[tracking.TrackerConfig] = None) -> int:
+def report(store: Store, name: str, console: Console, tracker: Optional[TrackerConfig] = None) -> int:
     """Analyse the sweep's finished runs: report files, the console summary, W&B's summary run."""
     sweep = store.read_sweep(name)
     inspected = {r: store.inspect(r) for r in sweep["run_ids"]}  # one read of each run's files
@@ -258,12 +260,12 @@ def _outdated(store: Store, name: str, states: dict[str, dict]) -> Counter:
     return counts
 
 
-def latest_tracker(store: Store, name: str) -> tracking.TrackerConfig:
-    """The tracker section of the sweep's latest invocation (its recorded `tracker` overrides)."""
-    overrides = [o for o in store.read_sweep(name).get("overrides", [])
-                 if re.split(r"[.=]", o.lstrip("+~"), maxsplit=1)[0] == "tracker"]
-    with hydra_session():
-        return compose_run(overrides).tracker
+def latest_tracker(store: Store, name: str) -> TrackerConfig:
+    """The tracker section the sweep's latest invocation planned with, as recorded: the last
+    config of its configs files (a sweep recorded before those: its last run's config.yaml)."""
+    configs = store.sweep_configs(name).configs
+    raw = configs[-1] if configs else store.read_config(store.read_sweep(name)["run_ids"][-1])
+    return from_dict(TrackerConfig, known_part(TrackerConfig, raw["tracker"]))
 
 
 def _write_paper_flops(store: Store, name: str) -> None:

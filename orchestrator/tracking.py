@@ -17,13 +17,13 @@ import socket
 import sys
 import urllib.parse
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 import pandas as pd
 
-from common.settings import require, setting
+from config.run import RunConfig
+from config.tracker import TrackerConfig
 from orchestrator.identity import run_label
 from store.store import Store, now
 
@@ -52,31 +52,6 @@ _warnings_log: Optional[Path] = None  # <store>/wandb/warnings.log once a run wa
 
 class TrackingWarning(UserWarning):
     """W&B trouble that tracking shrugged off."""
-
-
-@dataclass
-class TrackerConfig:
-    """Weights & Biases (conf/tracker/); not part of the run id."""
-    enabled: Optional[bool] = setting()       # null: on when the wandb package is importable
-    project: str = setting()
-    entity: Optional[str] = setting()
-    mode: Optional[str] = setting(choices=("offline", "online"))  # null: $WANDB_MODE if set, else offline
-    log_every: Optional[int] = setting(gt=0)  # steps between logged rows; null: train.log_every
-    init_timeout_s: float = setting(gt=0)
-    finish_timeout_s: float = setting(gt=0)
-    sweep: Optional[str] = setting(default=None)  # set by the sweep: W&B group <sweep>/<family>-<size>
-
-    def derive(self, run: Any) -> None:
-        if self.log_every is None:
-            self.log_every = run.train.log_every
-
-    def check(self, run: Any) -> None:
-        require(not (self.enabled and importlib.util.find_spec("wandb") is None),
-                "tracker.enabled=true: the wandb package is not installed; "
-                "`pip install wandb==0.31.0` or use tracker=none")
-        require(self.log_every % run.train.log_every == 0,
-                f"tracker.log_every={self.log_every}: must be a positive multiple of "
-                f"train.log_every={run.train.log_every} (the trainer reports every train.log_every steps)")
 
 
 def _warn(message: str) -> None:
@@ -246,23 +221,24 @@ def _init(tracker: TrackerConfig, root: Path, packages: bool = True, **run: Any)
     return None
 
 
-def _cell(cfg: Any) -> str:
+def _cell(cfg: RunConfig) -> str:
     return f"{cfg.family.name}-{cfg.model.name}"
 
 
-def _group(cfg: Any) -> str:
-    """W&B group: <sweep>/<family>-<size>, so seeds aggregate into one line per cell."""
-    return f"{cfg.tracker.sweep}/{_cell(cfg)}" if cfg.tracker.sweep else _cell(cfg)
+def _group(cfg: RunConfig, sweep: Optional[str]) -> str:
+    """W&B group: <sweep>/<family>-<size>, so seeds aggregate into one line per cell. The sweep
+    that runs the job names it (a run shared by sweeps has one config, without the sweep)."""
+    return f"{sweep}/{_cell(cfg)}" if sweep else _cell(cfg)
 
 
-def _tags(cfg: Any) -> list[str]:
+def _tags(cfg: RunConfig) -> list[str]:
     return [f"family={cfg.family.name}", f"size={cfg.model.name}", f"seed={cfg.seed}",
             f"backend={cfg.backend.name}"]
 
 
 @_guarded(Tracker)
-def open_run(cfg: Any, run_id: str, job: str, store_root: str | Path) -> Tracker:
-    """The W&B run of store run `run_id`, opened or resumed (id = run id) for `job`.
+def open_run(cfg: RunConfig, run_id: str, job: str, store_root: str | Path, sweep: Optional[str] = None) -> Tracker:
+    """The W&B run of store run `run_id`, opened or resumed (id = run id) for `job` of `sweep`.
 
     One W&B run holds a training run and all its evaluations (job type `train`): its curves, its
     evaluation metrics and tables sit side by side, and a retried or resumed job continues it."""
@@ -273,20 +249,20 @@ def open_run(cfg: Any, run_id: str, job: str, store_root: str | Path) -> Tracker
     config = {**redact(plain), "run_id": run_id}
     # The packages once, with the training: the evaluations resume the same W&B run.
     run = _init(t, Path(store_root), packages=job == "train", id=run_id, name=run_label(cfg), job_type="train",
-                group=_group(cfg), config=config, tags=_tags(cfg))
-    return Tracker(run, t.log_every, train=job == "train")
+                group=_group(cfg, sweep), config=config, tags=_tags(cfg))
+    return Tracker(run, t.every, train=job == "train")
 
 
 @contextlib.contextmanager
-def job_environment(cfg: Any, run_id: str) -> Iterator[None]:
+def job_environment(cfg: RunConfig, run_id: str, sweep: Optional[str] = None) -> Iterator[None]:
     """W&B's variables for a job that starts its own tracked processes (a backend that launches
     its ranks, such as nanotron, whose own W&B logging reads them), set while the job runs: its
     runs group with this project's (<sweep>/<family>-<size>), offline unless asked otherwise."""
     t = cfg.tracker
     env = {}
-    if getattr(cfg.backend, "launches_ranks", False) and t.enabled is not False:
+    if cfg.backend.launches_ranks and t.enabled is not False:
         env = {"WANDB_PROJECT": t.project, "WANDB_RUN_ID": run_id, "WANDB_RESUME": "allow",
-               "WANDB_JOB_TYPE": "train", "WANDB_RUN_GROUP": _group(cfg), "WANDB_TAGS": ",".join(_tags(cfg)),
+               "WANDB_JOB_TYPE": "train", "WANDB_RUN_GROUP": _group(cfg, sweep), "WANDB_TAGS": ",".join(_tags(cfg)),
                "WANDB_MODE": t.mode or "offline", **({"WANDB_ENTITY": t.entity} if t.entity else {})}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -302,14 +278,6 @@ def job_environment(cfg: Any, run_id: str) -> Iterator[None]:
 
 # ---------------------------------------------------------------------------------------------
 # Sweeps
-
-def tag_sweep(configs: list, name: str) -> None:
-    """Tell each run's jobs their sweep (the W&B group). config.yaml leaves it out
-    (identity.config_dict), so a run shared by sweeps does not differ in config by the sweep that
-    first ran it; the run id ignores `tracker` anyway."""
-    for c in configs:
-        c.tracker.sweep = name
-
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from common.atomic import write_parquet
+from config.run import RunConfig, job_dict
 from jobs import launch
+from jobs.backends import backend_of
 from jobs.checkpoint import keep_final_weights
-from jobs.config import job_dict
 from jobs.contract import JobResult, Progress
 from jobs.registry import get_job
 from orchestrator import tracking
@@ -48,18 +49,20 @@ def _throttled(write: Callable[[dict], None], every_s: float = 0.5) -> Callable[
     return report
 
 
-def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
-            rendezvous: Optional[dict] = None, config_text: Optional[str] = None) -> tuple[str, dict]:
+def execute(job: str, run_id: str, store_root: str, cfg: RunConfig, *after: Any,
+            rendezvous: Optional[dict] = None, config_text: Optional[str] = None,
+            sweep: Optional[str] = None) -> tuple[str, dict]:
     """Run `job` of run `run_id` unless it is already done; returns `done` or `cached`, and the
     run's state after it (so the driver need not read it).
 
     `after` are the results of the jobs this one depends on: passing them makes Ray wait.
     `rendezvous` (from `execute_nodes`) makes this the task of one node of a multi-node job:
     node_rank, master_addr, master_port and the nodes' Ray ids. `config_text` is the run's
-    config.yaml as the driver rendered it (rendered here otherwise)."""
+    config.yaml as the driver rendered it (rendered here otherwise); `sweep` the sweep that runs
+    it (its W&B group)."""
     store, jobs = Store(store_root), jobs_of(cfg)
     if rendezvous and rendezvous["node_rank"] > 0:
-        _multi_process(job, cfg, store.run_dir(run_id), run_id, rendezvous, progress=None)
+        _multi_process(job, cfg, store.run_dir(run_id), run_id, rendezvous, progress=None, sweep=sweep)
         return DONE, {}
     if processes_of(cfg, job) == (1, 1):
         import torch
@@ -75,7 +78,7 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
         state = store.start_job(run_id, job, jobs, state, node_id=_node_id(),  # where it runs (Ray node ids)
                                 **({"node_ids": rendezvous["node_ids"]} if rendezvous else {}))
         run_dir = store.run_dir(run_id)
-        tracker = tracking.open_run(cfg, run_id, job, store_root)  # W&B; never raises
+        tracker = tracking.open_run(cfg, run_id, job, store_root, sweep)  # W&B; never raises
         progress = tracker.progress(
             _throttled(lambda p: store.write_progress(run_id, {"job": job, **p})))
         started = time.monotonic()
@@ -84,7 +87,7 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
             if processes_of(cfg, job) == (1, 1) and not (job == "train" and cfg.backend.launches_ranks):
                 result = spec.fn(cfg, run_dir, progress)
             else:
-                result = _multi_process(job, cfg, run_dir, run_id, rendezvous, progress)
+                result = _multi_process(job, cfg, run_dir, run_id, rendezvous, progress, sweep)
             specs, curve_specs = spec.specs_of(result)
             # A job shorter than a second is cheaper to redo after a power cut than two fsyncs
             # (a lost write reads as a stale or unreadable file, and the job reruns).
@@ -109,7 +112,8 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
     return DONE, state
 
 
-def execute_runs(store_root: str, runs: list[tuple[str, Any, list[str], Optional[str]]]) -> list[dict]:
+def execute_runs(store_root: str, runs: list[tuple[str, RunConfig, list[str], Optional[str]]],
+                 sweep: Optional[str] = None) -> list[dict]:
     """Several short runs in one task, each run's jobs in turn by `execute`: the driver batches
     runs whose jobs take milliseconds, for which a Ray task per job costs more than the job
     (ray_driver.py `Feed`). `runs`: (run id, config, jobs to do, config.yaml text) each.
@@ -121,7 +125,7 @@ def execute_runs(store_root: str, runs: list[tuple[str, Any, list[str], Optional
     for run_id, cfg, todo, text in runs:
         try:
             for job in todo:
-                _, state = execute(job, run_id, store_root, cfg, config_text=text)
+                _, state = execute(job, run_id, store_root, cfg, config_text=text, sweep=sweep)
             states.append(state)
         except Exception as e:  # noqa: BLE001  recorded in the run's state; raised below
             failed.append(f"{run_id}: {type(e).__name__}: {e}")
@@ -130,15 +134,15 @@ def execute_runs(store_root: str, runs: list[tuple[str, Any, list[str], Optional
     return states
 
 
-def _multi_process(job: str, cfg: Any, run_dir: Path, run_id: str, rendezvous: Optional[dict],
-                   progress: Optional[Progress]) -> Optional[JobResult]:
+def _multi_process(job: str, cfg: RunConfig, run_dir: Path, run_id: str, rendezvous: Optional[dict],
+                   progress: Optional[Progress], sweep: Optional[str] = None) -> Optional[JobResult]:
     """This node's share of a job of several processes; node rank 0 returns the job's result.
     A backend that launches its own ranks (nanotron) is handed the rendezvous; otherwise every
     rank runs the job under torchrun (`python -m jobs.rank`)."""
     rdv = rendezvous or {"node_rank": 0, "master_addr": "127.0.0.1", "master_port": launch.free_port()}
     if job == "train" and cfg.backend.launches_ranks:
-        with tracking.job_environment(cfg, run_id):
-            return cfg.backend.train(cfg, run_dir, progress, rdv)
+        with tracking.job_environment(cfg, run_id, sweep):
+            return backend_of(cfg).train(cfg, run_dir, progress, rdv)
     nodes, per_node = processes_of(cfg, job)
     threads = max(1, resources_of(cfg, job).cpus // per_node)
 
@@ -180,8 +184,8 @@ def _record_waiting(store: Store, run_id: str, job: str, cfg: Any, needs: str) -
                              error=None)
 
 
-def execute_nodes(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
-                  config_text: Optional[str] = None) -> tuple[str, dict]:
+def execute_nodes(job: str, run_id: str, store_root: str, cfg: RunConfig, *after: Any,
+                  config_text: Optional[str] = None, sweep: Optional[str] = None) -> tuple[str, dict]:
     """A multi-node job: a STRICT_SPREAD placement group of one bundle per node, one `execute`
     task per bundle with torchrun's rendezvous at bundle 0; the group is removed afterwards.
 
@@ -213,7 +217,7 @@ def execute_nodes(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
         refs = [task.options(num_cpus=bundle["CPU"], num_gpus=bundle["GPU"], memory=bundle["memory"],
                              scheduling_strategy=on(i), max_retries=0,
                              name=f"{run_id}:{job}:node{i}").remote(
-                    job, run_id, store_root, cfg, config_text=config_text,
+                    job, run_id, store_root, cfg, config_text=config_text, sweep=sweep,
                     rendezvous={**point, "node_rank": i, "node_ids": node_ids})
                 for i in range(nodes)]
         pending = list(refs)

@@ -21,6 +21,7 @@ from rich.console import Console
 
 import analysis
 from common.atomic import write_text
+from config.tracker import TrackerConfig
 from orchestrator import tracking
 from store.store import Store
 
@@ -39,7 +40,7 @@ def _groups(store: Store, sweep: str) -> list[str]:
     return [*sorted(cells), sweep]
 
 
-def build(store: Store, sweep: str, tracker: tracking.TrackerConfig, entity: str = "") -> Any:
+def build(store: Store, sweep: str, tracker: TrackerConfig, entity: str = "") -> Any:
     """The workspace object (nothing is sent anywhere)."""
     import wandb_workspaces.reports.v2 as wr
     import wandb_workspaces.workspaces as ws
@@ -83,7 +84,7 @@ def specification(workspace: Any) -> dict:
     return pydantic.TypeAdapter(type(workspace)).dump_python(workspace, mode="json", exclude_none=True)
 
 
-def publish(store: Store, sweep: str, tracker: tracking.TrackerConfig, console: Console) -> int:
+def publish(store: Store, sweep: str, tracker: TrackerConfig, console: Console) -> int:
     """Online: save the workspace and print its URL. Offline (the default, as for the runs): write
     its specification to the sweep's folder and say how to publish it. Never fails the command."""
     online = tracking.online(tracker)

@@ -1,6 +1,11 @@
 """Composition, typed validation and grid expansion through Hydra's own grammar."""
 import dataclasses
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,14 +15,20 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from common.settings import defaults, to_dict
+from config.backend import BACKEND_CONFIGS
+from config.cluster import CLUSTER_CONFIGS
+from config.data import DATA_CONFIGS
+from config.evals import EVAL_CONFIGS
+from config.family import FAMILY_CONFIGS
+from config.run import JobConfig, job_dict, load_job_config
 from jobs.backends import BACKENDS
-from jobs.data import DATA_KINDS
+from jobs.data import STREAMS
 from jobs.evals import EVALUATIONS
-from jobs.families import FAMILIES
+from jobs.families import FAMILIES, family_of
 from orchestrator import grid
 from orchestrator.config import (CONF_DIR, ConfigError, RunConfig, apply_value_overrides, compose_run,
                                  hydra_session, load_run_config, typed_run)
-from orchestrator.executors import CLUSTERS
+from orchestrator.executors import EXECUTORS
 from orchestrator.identity import run_id, semantic_config
 
 FORMAT1 = Path(__file__).parent / "data" / "format1_configs.json"
@@ -164,7 +175,6 @@ def test_run_ids_of_format_1_are_kept():
 
 def test_adding_an_evaluation_does_not_change_run_ids(monkeypatch):
     """An evaluation registered later is not part of the id: its settings are recorded with it."""
-    from jobs.evals import eval_config
     from orchestrator.identity import semantic_config
 
     with hydra_session():
@@ -176,8 +186,8 @@ def _choices(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-@pytest.mark.parametrize("group, registry, key", [("family", FAMILIES, "name"), ("backend", BACKENDS, "name"),
-                                                  ("cluster", CLUSTERS, "name")])
+@pytest.mark.parametrize("group, registry, key", [("family", FAMILY_CONFIGS, "name"), ("backend", BACKEND_CONFIGS, "name"),
+                                                  ("cluster", CLUSTER_CONFIGS, "name")])
 def test_every_conf_option_has_a_registered_class_and_the_defaults_agree(group, registry, key):
     """conf/ holds the defaults; a default a class declares itself must never disagree with it."""
     with hydra_session():
@@ -198,11 +208,18 @@ def test_declared_defaults_agree_with_conf_everywhere():
     for section in ("model", "train", "store", "adaptive", "tracker", "resources"):
         for name, value in defaults(type(getattr(run, section))).items():
             assert composed[section].get(name, value) == value, (section, name)
-    for name, ev in EVALUATIONS.items():
-        if ev.settings is not None:
-            for key, value in defaults(ev.settings).items():
+    for name, declared in EVAL_CONFIGS.items():
+        if declared.settings is not None:
+            for key, value in defaults(declared.settings).items():
                 assert composed["eval"].get(name, {}).get(key, value) == value, (name, key)
-    assert set(DATA_KINDS.names()) == {"arith", "regbench"}
+    assert set(DATA_CONFIGS.names()) == {"arith", "regbench"}
+
+
+@pytest.mark.parametrize("configs, behaviours", [(FAMILY_CONFIGS, FAMILIES), (DATA_CONFIGS, STREAMS),
+                                                 (BACKEND_CONFIGS, BACKENDS), (CLUSTER_CONFIGS, EXECUTORS),
+                                                 (EVAL_CONFIGS, EVALUATIONS)])
+def test_every_configured_component_has_its_behaviour_under_the_same_name(configs, behaviours):
+    assert configs.names() == behaviours.names()
 
 
 def test_hydra_value_overrides_are_applied_by_its_own_function():
@@ -219,7 +236,7 @@ def test_typed_configs_reach_jobs_as_objects():
     with hydra_session():
         cfg = compose_run(["family=lidas", "size=micro", "seed=3"])
     assert isinstance(cfg, RunConfig)
-    assert cfg.family.stages(cfg.model, cfg.train.steps)[-1].n_layers == cfg.model.n_layers
+    assert family_of(cfg.family).stages(cfg.model, cfg.train.steps)[-1].n_layers == cfg.model.n_layers
     assert cfg.eval.regbench.instances > 0 and cfg.backend.name == "torch"
 
 
@@ -269,3 +286,41 @@ def test_a_data_curriculum_is_part_of_the_id_only_when_set():
     assert run_id(warm) != run_id(plain)
     assert {cfg.data.warmup.steps for cfg in preset.values()} == {2500}
     assert preset["lidas"].family.growth.initial_blocks == 2
+
+
+def test_the_config_package_imports_without_torch_jobs_or_the_orchestrator():
+    """analysis and tools read run configs: `config` is data only (the layer contract says so too)."""
+    code = ("import sys; from config import RunConfig; "
+            "print(sorted(m for m in ('torch', 'jobs', 'orchestrator') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_planned_configs_are_frozen_and_reach_the_job_unchanged():
+    with hydra_session():
+        cfg = compose_run(["family=lidas", "size=micro", "seed=3"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.steps = 1  # type: ignore[misc]
+    job = load_job_config(job_dict(cfg))  # what a torchrun rank reads
+    assert all(getattr(job, f.name) == getattr(cfg, f.name) for f in dataclasses.fields(JobConfig))
+
+
+@pytest.mark.parametrize("reach, message", [
+    ("assign", r"^family: its derive\(\) assigned a value \(cannot assign to field 'n_layers'\)"),
+    ("return", r"^family: its derive\(\) returned n_layers, which are not fields of family")])
+def test_a_derive_that_writes_another_section_is_refused(tmp_path, reach, message):
+    """A section's derive returns its own new values; a plugin family's that reaches into `model`
+    is refused when the run is planned (in a process of its own: the plugin stays registered)."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "family" / "greedy.yaml").write_text("name: greedy\n")
+    code = ("from orchestrator.config import ConfigError, compose_run, hydra_session\n"
+            "with hydra_session():\n"
+            "    try:\n"
+            f"        compose_run(['family=greedy', 'family.reach={reach}', 'size=micro'])\n"
+            "    except ConfigError as e:\n"
+            "        print(e)\n")
+    env = {**os.environ, "ORCHESTRATOR_PLUGINS": "greedy_family", "ORCHESTRATOR_CONF_DIR": str(conf),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "plugins"), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert re.match(message, out.stdout), out.stdout + out.stderr

@@ -15,7 +15,7 @@ import torch
 
 from jobs import launch
 from jobs.checkpoint import checkpoint_paths
-from jobs.config import job_dict
+from config.run import job_dict
 from jobs.contract import JobResult
 from jobs.registry import train as train_job
 from orchestrator.config import ConfigError, compose_run, hydra_session

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from jobs.registry import train as train_job
 from orchestrator.config import ConfigError, compose_run, hydra_session
+from orchestrator.executors import executor_of
 from orchestrator.plan import check_fit, plan
 from store.store import Store
 
@@ -38,7 +39,7 @@ def run(cfgs: list, store: Store) -> dict:
     """Through the local executor's own path, on the test's Ray session."""
     store.create()
     runs = plan(cfgs, store)
-    return cfgs[0].cluster.executor().run(runs, "t", [], store, Console(file=io.StringIO())).statuses
+    return executor_of(cfgs[0].cluster).run(runs, "t", [], store, Console(file=io.StringIO())).statuses
 
 
 def test_two_node_job_uses_a_placement_group_and_torchrun_per_node(cluster, tmp_path):

@@ -11,15 +11,16 @@ import torch
 from test_model import build as build_model
 from test_model import micro_cfg, trained_lidas
 
+from config.data import ArithDataConfig, ArithSettings
+from config.evals import Gsm8kSettings
 from jobs import tokenizer
 from jobs.data import arith, gsm8k
-from jobs.evals.gsm8k import Gsm8kSettings, evaluate, exact_match, extract_flexible, extract_strict, prompt_text
+from jobs.evals.gsm8k import evaluate, exact_match, extract_flexible, extract_strict, prompt_text
 from jobs.generate import greedy
 from orchestrator.config import ConfigError, compose_run, hydra_session
 
-DATA = arith.ArithDataConfig(name="arith", kind="arith", vocab_size=tokenizer.VOCAB_SIZE, seed=5, seq_len=512,
-                             arith=arith.ArithSettings(max_number=9, two_step=0.3, train_problems=300,
-                                                       test_problems=50))
+DATA = ArithDataConfig(name="arith", kind="arith", vocab_size=tokenizer.VOCAB_SIZE, seed=5, seq_len=512,
+                       arith=ArithSettings(max_number=9, two_step=0.3, train_problems=300, test_problems=50))
 
 
 def test_byte_tokenizer_round_trips_and_drops_specials():

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from config.evals import InductionSettings
 from jobs.data.regbench import SEP, RegBenchDataConfig, heldout_walks
-from jobs.evals.induction import (InductionSettings, concentration, concentration_test, even_attention_score,
+from jobs.evals.induction import (concentration, concentration_test, even_attention_score,
                                   head_table, in_distribution_sequences, repeated_sequences, score)
 from jobs.interp import attention_patterns, induction_scores, induction_targets
 from jobs.model import Decoder, ModelConfig, apply_rope

@@ -7,15 +7,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from jobs.backends.torch import TorchBackendConfig
-from jobs.families import Stage, build_model
-from jobs.families.dense import DenseConfig
-from jobs.families.lidas import GrowthConfig, LidasConfig
-from jobs.families.looped import LoopConfig, LoopedConfig
+from config.backend import TorchBackendConfig
+from config.family import DenseConfig, GrowthConfig, LidasConfig, LoopConfig, LoopedConfig
+from config.model import ModelConfig
+from config.resources import TrainResources
+from config.train import TrainConfig
+from jobs.families import Stage, build_model, family_of
 from jobs.flops import flop_ratio, flops_per_token, schedule_flops
-from jobs.model import Decoder, ModelConfig
-from jobs.optim import TrainConfig, build_optimizer
-from jobs.resources import TrainResources
+from jobs.model import Decoder
+from jobs.optim import build_optimizer
 
 
 def micro_cfg(family: str = "dense", steps: int = 30, **growth) -> SimpleNamespace:
@@ -44,15 +44,15 @@ def build(cfg: SimpleNamespace, ancestors=None) -> Decoder:
 
 
 def layer_plan(cfg: SimpleNamespace) -> tuple[int, list[int]]:
-    return cfg.family.layer_plan(cfg.model)
+    return family_of(cfg.family).layer_plan(cfg.model)
 
 
 def stage_schedule(cfg: SimpleNamespace) -> list[Stage]:
-    return cfg.family.stages(cfg.model, cfg.train.steps)
+    return family_of(cfg.family).stages(cfg.model, cfg.train.steps)
 
 
 def grow(model: Decoder, optimizer: torch.optim.Optimizer, cfg: SimpleNamespace) -> torch.optim.Optimizer:
-    return cfg.family.grow(model, optimizer, lambda m: build_optimizer(m, cfg.train))
+    return family_of(cfg.family).grow(model, optimizer, lambda m: build_optimizer(m, cfg.train))
 
 
 def tokens(batch: int = 2, seq: int = 12, seed: int = 0) -> torch.Tensor:
@@ -76,7 +76,7 @@ def test_logits_shape_dtype_and_tied_head():
 
 def test_untied_head_is_a_separate_matrix():
     cfg = micro_cfg()
-    cfg.model.tie_embeddings = False
+    cfg.model = dataclasses.replace(cfg.model, tie_embeddings=False)
     untied, tied = build(cfg), build(micro_cfg())
     assert n_params(untied) - n_params(tied) == 16 * 32
 
@@ -175,7 +175,7 @@ def trained_lidas(cfg: SimpleNamespace, steps: int = 2) -> tuple[Decoder, torch.
 
 def test_growth_ancestry():
     cfg = micro_cfg("lidas")
-    cfg.model.n_layers = 8
+    cfg.model = dataclasses.replace(cfg.model, n_layers=8)
     model, optimizer = trained_lidas(cfg, steps=0)
     seen = [model.ancestors]
     for _ in range(3):
@@ -185,7 +185,7 @@ def test_growth_ancestry():
     assert model.plan == list(range(8))
 
     cfg = micro_cfg("lidas", block_layers=3)
-    cfg.model.n_layers = 9
+    cfg.model = dataclasses.replace(cfg.model, n_layers=9)
     model, optimizer = trained_lidas(cfg, steps=0)
     grow(model, optimizer, cfg)
     assert model.ancestors == [0, 1, 2, 0, 1, 2]

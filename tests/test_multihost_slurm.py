@@ -25,7 +25,7 @@ from helpers import history, metrics, state, wait_for
 from hostbed import BIN, Bed, bed_fixture
 
 from jobs import launch
-from jobs.config import job_dict
+from config.run import job_dict
 from jobs.registry import train as train_job
 from orchestrator.config import compose_run, hydra_session
 from orchestrator.executors.slurm_tools import ACTIVE

@@ -6,7 +6,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from jobs.families import build_model
+from jobs.families import build_model, family_of
 from jobs.nanotron import bridge, surgery
 from jobs.optim import build_optimizer
 from orchestrator.config import RunConfig, compose_run, hydra_session
@@ -21,7 +21,7 @@ def config(*overrides: str) -> RunConfig:
 
 def grow(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.Optimizer:
     """One LIDAS growth step in process, as the torch backend grows."""
-    return cfg.family.grow(model, optimizer, lambda m: build_optimizer(m, cfg.train))
+    return family_of(cfg.family).grow(model, optimizer, lambda m: build_optimizer(m, cfg.train))
 
 
 def grown_model(cfg: RunConfig, growths: int) -> torch.nn.Module:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 import nanotron_side
+from jobs.families import family_of
 from jobs.nanotron import render, schema
 from jobs.optim import learning_rate
 from orchestrator.config import ConfigError, RunConfig, compose_run, hydra_session
@@ -123,7 +124,7 @@ def compose(cell: str, *overrides: str) -> RunConfig:
 
 def stage_schedule(cfg: RunConfig) -> list:
     """The run's stages as its family defines them (not through the renderer)."""
-    return cfg.family.stages(cfg.model, cfg.train.steps)
+    return family_of(cfg.family).stages(cfg.model, cfg.train.steps)
 
 
 def render_cell(cell: str, cfg: RunConfig) -> list[dict]:

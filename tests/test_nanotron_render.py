@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import nanotron_side
+from jobs.families import family_of
 from jobs.nanotron import render, schema
 from orchestrator.cli import main
 from orchestrator.config import ConfigError, RunConfig, compose_run, hydra_session
@@ -25,7 +26,7 @@ def config(*overrides: str) -> RunConfig:
 
 def test_each_lidas_stage_renders_the_size_at_its_depth():
     cfg = config("family=lidas")
-    schedule = cfg.family.stages(cfg.model, cfg.train.steps)
+    schedule = family_of(cfg.family).stages(cfg.model, cfg.train.steps)
     docs = [render.render_stage(cfg, Path("/runs/x"), i, f"x-{i}") for i in range(len(schedule))]
     assert [d["model"]["model_config"]["num_hidden_layers"] for d in docs] == [4, 8, 12, 16, 20, 24, 28, 32]
     assert [d["tokens"]["train_steps"] for d in docs] == [s.end_step for s in schedule]
@@ -101,7 +102,7 @@ def test_nanotron_itself_parses_every_rendered_stage(tmp_path):
     compares what it parsed with what the config means, for every size."""
     cfg = config("family=lidas")
     paths = []
-    for i in range(len(cfg.family.stages(cfg.model, cfg.train.steps))):
+    for i in range(len(family_of(cfg.family).stages(cfg.model, cfg.train.steps))):
         path = tmp_path / f"stage{i}.yaml"
         path.write_text(render.to_yaml(render.render_stage(cfg, tmp_path, i, f"r-{i}")))
         paths.append({"path": str(path)})

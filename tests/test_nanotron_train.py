@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from jobs.backends import load_model
 from jobs.launch import LaunchError
 from jobs.model import Decoder
 from jobs.nanotron import bridge, render, train
@@ -84,7 +85,7 @@ def test_stages_resume_from_their_folders_and_grow_by_surgery(tmp_path, monkeypa
     expected = start.layers[1].mlp.down_proj.weight + 12e-3
     assert torch.allclose(final.layers[3].mlp.down_proj.weight, expected, atol=1e-5)
     assert torch.allclose(final.layers[1].mlp.down_proj.weight, expected, atol=1e-5)
-    assert cfg.backend.load_model(cfg, run_dir).depth == 4        # what evaluations load
+    assert load_model(cfg, run_dir).depth == 4        # what evaluations load
 
 
 def test_command_and_environment_for_an_allocation(monkeypatch):
@@ -100,8 +101,7 @@ def test_command_and_environment_for_an_allocation(monkeypatch):
     wandb_keys = ("WANDB_RUN_ID", "WANDB_RUN_GROUP", "WANDB_TAGS", "WANDB_JOB_TYPE")
     for key in wandb_keys:
         monkeypatch.delenv(key, raising=False)
-    cfg.tracker.sweep = "s1"
-    with tracking.job_environment(cfg, "abc123"):
+    with tracking.job_environment(cfg, "abc123", sweep="s1"):
         env = render.environment(cfg, 1)
         assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["LOCAL_WORLD_SIZE"] == "4"
         assert os.environ["WANDB_RUN_GROUP"] == "s1/lidas-tiny" and env["WANDB_RUN_ID"] == "abc123-stage1"

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.data.regbench import (IGNORE, N_SYMBOLS, PAD, SEP, Automaton, DataWarmupConfig, RegBenchConfig,
-                                RegBenchDataConfig, TrainStream, build_eval_set, canonical, heldout_set, minimise,
-                                sample_automata, warmup_view)
+from config.data import DataWarmupConfig, RegBenchDataConfig, longest_instance
+from jobs.data import train_stream
+from jobs.data.regbench import (IGNORE, N_SYMBOLS, PAD, SEP, Automaton, RegBenchConfig, TrainStream, build_eval_set,
+                                canonical, heldout_set, minimise, sample_automata, warmup_view)
 from jobs.data.regbench import _warmup_pool
 
 SMALL = RegBenchDataConfig(name="regbench", kind="regbench", vocab_size=20, n_symbols=18, seed=7,
@@ -169,21 +170,21 @@ FIXED = dataclasses.replace(SMALL, train_sequences=20, validation_sequences=6, s
 def test_fixed_set_epochs_cover_every_instance_once():
     """With data.train_sequences=N, consecutive rows go through the N instances epoch by epoch,
     each epoch in its own order; every run seed and family trains on the same instances."""
-    stream = FIXED.train_stream(seed=0, batch_size=8)
+    stream = train_stream(FIXED, seed=0, batch_size=8)
     rows = torch.cat([torch.cat([x, y[:, -1:]], dim=1) for x, y in (stream.batch(step) for step in range(10))])
     assert len(rows) == 80  # four epochs of 20
     epochs = [{tuple(r.tolist()) for r in rows[i:i + 20]} for i in range(0, 80, 20)]
     assert all(len(epoch) == 20 for epoch in epochs) and all(epoch == epochs[0] for epoch in epochs)
     assert not torch.equal(rows[:20], rows[20:40])  # reshuffled
-    other_seed = FIXED.train_stream(seed=1, batch_size=8)
+    other_seed = train_stream(FIXED, seed=1, batch_size=8)
     seen = {tuple(torch.cat([x, y[:, -1:]], dim=1)[i].tolist()) for x, y in [other_seed.batch(0)] for i in range(8)}
     assert seen <= epochs[0] and not torch.equal(other_seed.batch(0)[0], stream.batch(0)[0])
-    for first, second in zip(stream.batch(7), FIXED.train_stream(seed=0, batch_size=8).batch(7)):
+    for first, second in zip(stream.batch(7), train_stream(FIXED, seed=0, batch_size=8).batch(7)):
         assert torch.equal(first, second)  # a pure function of the step
 
 
 def test_fixed_set_instances_and_targets_as_in_the_stream():
-    inputs, targets = FIXED.train_stream(seed=3, batch_size=16).batch(2)
+    inputs, targets = train_stream(FIXED, seed=3, batch_size=16).batch(2)
     following = torch.cat([inputs[:, 1:], targets[:, -1:]], dim=1)
     symbol = targets != IGNORE
     assert torch.equal(targets[symbol], following[symbol]) and (inputs[:, 0] == SEP).all()
@@ -199,7 +200,7 @@ def test_validation_split_has_automata_of_its_own_and_is_due_once_per_epoch():
     assert sample_automata(SMALL) == (train, heldout)  # the other pools do not change
     tokens = validation_set(RegBenchConfig.parse(FIXED))
     assert tokens.shape == (6, 201) and (tokens[:, 0] == SEP).all()
-    split = FIXED.train_stream(seed=0, batch_size=8).validation
+    split = train_stream(FIXED, seed=0, batch_size=8).validation
     assert sum(len(x) for x, _ in split.batches()) == 6
     # 20 instances, 8 rows a step: passes end within steps 3, 5, 8, 10, ...; and after the last step
     assert [step for step in range(1, 13) if split.due(step, 12)] == [3, 5, 8, 10, 12]
@@ -210,7 +211,6 @@ def test_the_longest_instance_must_fit_the_context_unless_cutting_is_declared():
     from types import SimpleNamespace
 
     from common.settings import ConfigError
-    from jobs.data.regbench import longest_instance
 
     assert longest_instance(SMALL) == 8 * 9  # 8 strings of up to 8 symbols, each after its |
     run = SimpleNamespace(model=SimpleNamespace(vocab_size=20, max_seq_len=512),

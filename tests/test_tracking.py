@@ -162,7 +162,7 @@ def test_a_run_and_its_evaluation_are_one_wandb_run(swept):
         assert s.config["run_id"] == rid and s.config["model"]["name"] == "micro"
         assert "tracker" not in s.config
     stored_config = yaml.safe_load((root / "runs" / rid / "config.yaml").read_text())
-    assert stored_config["tracker"]["sweep"] is None  # the sweep reaches the jobs only
+    assert "sweep" not in stored_config["tracker"]  # the sweep reaches the jobs only, not their config
     stored = pd.read_parquet(root / "runs" / rid / "history.parquet")
     rows = [h for h in train.history if "train/loss" in h]
     assert [h["_step"] for h in rows] == stored["step"].tolist() == list(range(5, 41, 5))
@@ -239,7 +239,7 @@ def test_tracker_config_defaults_checks_and_run_id():
     cfg, off = micro(), micro("tracker=none")
     assert cfg.tracker.enabled is None and cfg.tracker.log_every == 5
     assert off.tracker.enabled is False and not tracking.enabled(off.tracker)
-    online = micro("tracker.mode=online", "tracker.sweep=x")
+    online = micro("tracker.mode=online")
     assert len({run_id(cfg), run_id(off), run_id(online)}) == 1
     for overrides, needle in [(["tracker.mode=loud"], "tracker.mode=loud: not allowed"),
                               (["tracker.log_every=7"], "multiple of train.log_every=5"),
@@ -249,15 +249,15 @@ def test_tracker_config_defaults_checks_and_run_id():
 
 
 def test_resume_continues_the_same_run_and_logs_every_nth_step(tmp_path, base_cfg):
-    cfg = with_tracker(base_cfg, sweep="s", log_every=10)
+    cfg = with_tracker(base_cfg, log_every=10)
     rid, seen = run_id(cfg), []
-    tracker = tracking.open_run(cfg, rid, "train", tmp_path)
+    tracker = tracking.open_run(cfg, rid, "train", tmp_path, sweep="s")
     report = tracker.progress(seen.append)
     for step in range(5, 25, 5):
         report({"step": step, "total_steps": 20, "loss": 1 / step, "lr": 0.01, "tokens": step * 8,
                 "flops": step * 1e6, "n_layers": 4, "tokens_per_s": 100.0})
     tracker.finish()
-    again = tracking.open_run(cfg, rid, "regbench", tmp_path)
+    again = tracking.open_run(cfg, rid, "regbench", tmp_path, sweep="s")
     again.record({"metrics": {"regbench_tvd": 0.5}, "curves": {"ancestors": [0, 1, 2, 3]}})
     again.finish()
 
@@ -278,9 +278,9 @@ def test_secrets_never_reach_any_file(tmp_path):
     # dataset path with a password in its URL.
     cfg = micro("cluster=slurm", f"cluster.setup=['export HF_TOKEN={FAKE_TOKEN}','module load cuda']",
                 "eval.gsm8k.path=null")
-    cfg.cluster.partition = None
-    cfg.tracker.entity = None
-    cfg.cluster.sbatch = ["https://me:hunter2@example.com"]
+    cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, partition=None,
+                                                               sbatch=["https://me:hunter2@example.com"]),
+                              tracker=dataclasses.replace(cfg.tracker, entity=None))
     tracker = tracking.open_run(cfg, run_id(cfg), "train", tmp_path)
     tracker.finish()
     (s,) = sessions(tmp_path, run_id(cfg))

@@ -1,11 +1,13 @@
 """Training loop: schedule, learning, determinism, checkpoints and kill/resume bit-identity."""
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from jobs.backends import load_model
 from jobs.checkpoint import checkpoint_paths, keep_final_weights, latest_checkpoint, load_checkpoint, save_atomic
 from jobs.flops import schedule_flops
 from jobs.train import learning_rate, train
@@ -160,20 +162,20 @@ def test_save_atomic_replaces_whole_files(tmp_path):
 
 def test_load_model_for_evaluation(reference, tmp_path):
     cfg = micro_cfg("lidas")
-    model = cfg.backend.load_model(cfg, reference["lidas"])
+    model = load_model(cfg, reference["lidas"])
     assert not model.training and model.ancestors == [0, 1, 0, 1, 0, 1]
     inputs, targets = counting_batches(1000)
     accuracy = (model(inputs).argmax(-1) == targets)[targets != -100].float().mean()
     assert accuracy > 0.5
     with pytest.raises(FileNotFoundError):
-        cfg.backend.load_model(cfg, tmp_path)
+        load_model(cfg, tmp_path)
 
 
 def test_a_compiled_run_grows_and_matches_the_eager_run(reference, tmp_path):
     """train.compile: a LIDAS run recompiles at each growth step and learns what the eager run
     learns (not bit for bit: fused kernels round differently); its checkpoints load uncompiled."""
     cfg = micro_cfg("lidas")
-    cfg.train.compile = True
+    cfg.train = dataclasses.replace(cfg.train, compile=True)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     train(cfg, tmp_path, counting_batches)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs >= 3  # depths 2, 4, 6
@@ -182,7 +184,7 @@ def test_a_compiled_run_grows_and_matches_the_eager_run(reference, tmp_path):
     for a, b in zip(compiled["history"], eager["history"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), a["step"]
     assert compiled["model"].keys() == eager["model"].keys()
-    assert cfg.backend.load_model(cfg, tmp_path).depth == 6
+    assert load_model(cfg, tmp_path).depth == 6
 
 
 def test_non_finite_loss_names_the_step(tmp_path):
@@ -223,7 +225,7 @@ def test_a_validation_split_chooses_the_evaluated_weights_and_resumes_exactly(tm
     a, b = latest_checkpoint(whole)["chosen"], latest_checkpoint(resumed)["chosen"]
     assert a["step"] == b["step"] == metrics["chosen_step"] and a["ancestors"] == b["ancestors"]
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    model = cfg.backend.load_model(cfg, whole)
+    model = load_model(cfg, whole)
     assert model.ancestors == a["ancestors"]
     assert all(torch.equal(v, a["model"][k]) for k, v in model.state_dict().items())
     assert "chosen_step" not in train(micro_cfg("dense", steps=4), tmp_path / "stream", counting_batches)
@@ -242,13 +244,13 @@ def test_a_done_run_keeps_its_final_weights_and_evaluations_still_load_them(refe
     without training."""
     cfg = micro_cfg("lidas")
     run = _finished_copy(reference["lidas"], tmp_path)
-    before = cfg.backend.load_model(cfg, run).state_dict()
+    before = load_model(cfg, run).state_dict()
     keep_final_weights(run)
     paths = checkpoint_paths(run)
     assert [p.name for p in paths] == ["step_0000030.pt"]
     assert "optimizer" not in load_checkpoint(paths[0]) and integrity.problem(paths[0]) is None
     assert paths[0].stat().st_size < checkpoint_paths(reference["lidas"])[-1].stat().st_size
-    after = cfg.backend.load_model(cfg, run).state_dict()
+    after = load_model(cfg, run).state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
     def no_batches(step: int):

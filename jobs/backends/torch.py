@@ -3,29 +3,26 @@ or in every rank of torchrun (DDP) for several. Evaluations get the final weight
 data has a validation split (data.train_sequences), the weights of the lowest validation loss."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import pandas as pd
 
-from jobs.backends import BACKENDS, BackendConfig
+from config.run import JobConfig
+from jobs.backends import BACKENDS, Backend, Rendezvous
 from jobs.checkpoint import latest_checkpoint
 from jobs.contract import JobResult, Progress
+from jobs.data import train_stream
 from jobs.families import build_model
 from jobs.model import Decoder
 from jobs.train import train
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
-
 
 @BACKENDS.register("torch")
-@dataclass
-class TorchBackendConfig(BackendConfig):
-    def train(self, cfg: JobConfig, run_dir: Path, progress: Progress,
-              rendezvous: Optional[dict] = None) -> JobResult:
-        stream = cfg.data.train_stream(cfg.seed, cfg.train.batch_size)
+class TorchBackend(Backend):
+    def train(self, cfg: JobConfig, run_dir: Path, progress: Optional[Progress],
+              rendezvous: Optional[Rendezvous] = None) -> JobResult:
+        stream = train_stream(cfg.data, cfg.seed, cfg.train.batch_size)
         metrics = train(cfg, run_dir, stream.batch, progress, validation=getattr(stream, "validation", None))
         history = pd.DataFrame(metrics.pop("history"))
         curves = {"ancestors": metrics.pop("ancestors")}

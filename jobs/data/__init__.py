@@ -1,15 +1,15 @@
-"""Training and evaluation data. A data kind (`data.kind`) is a config class registered under
-its kind in this package (regbench.py, arith.py); it builds the training stream, whose batch at
-a step is a pure function of (data.seed, run seed, step), so resuming needs no stream state."""
+"""Training and evaluation data. A data kind (`data.kind`, its config in config/data.py) builds
+its training stream with a function registered under its kind in this package (regbench.py,
+arith.py); a stream's batch at a step is a pure function of (data.seed, run seed, step), so
+resuming needs no stream state."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Callable, Protocol
 
 import torch
 
 from common.registry import Registry
-from common.settings import require, setting
+from config.data import DataConfig
 
 
 class TrainStream(Protocol):
@@ -21,24 +21,11 @@ class TrainStream(Protocol):
         """(inputs, targets) LongTensors [B, seq_len]; targets -100 where not scored."""
 
 
-@dataclass
-class DataConfig:
-    """What every data kind has. `name` is the conf/data option, `kind` the generator."""
-    name: str = setting()
-    kind: str = setting()
-    vocab_size: int = setting(gt=0)
-    seed: int = setting(ge=0, what="a non-negative integer")  # the data, never the run seed
-    seq_len: int = setting(gt=0)
-
-    def check(self, run: Any) -> None:
-        m = run.model
-        require(m.vocab_size >= self.vocab_size,
-                f"model.vocab_size={m.vocab_size}: smaller than data.vocab_size={self.vocab_size}")
-        require(self.seq_len <= m.max_seq_len,
-                f"data.seq_len={self.seq_len}: longer than model.max_seq_len={m.max_seq_len}")
-
-    def train_stream(self, seed: int, batch_size: int) -> TrainStream:
-        raise NotImplementedError
+# (the kind's data config, run seed, batch size) -> the training stream
+StreamFactory = Callable[[DataConfig, int, int], TrainStream]
+STREAMS: Registry[StreamFactory] = Registry("data kind", "jobs.data", "data.kind")
 
 
-DATA_KINDS: Registry[type[DataConfig]] = Registry("data kind", "jobs.data", "data.kind")
+def train_stream(data: DataConfig, seed: int, batch_size: int) -> TrainStream:
+    """The training stream of the run's data section, by its kind."""
+    return STREAMS[data.kind](data, seed, batch_size)

@@ -12,14 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from common.settings import require, section, setting
+from config.data import ArithDataConfig
 from jobs import tokenizer
-from jobs.data import DATA_KINDS, DataConfig
+from jobs.data import STREAMS
 from jobs.data.gsm8k import Problem, shot, write_jsonl
 
 NAMES = ("Ann", "Bob", "Sam", "Eve", "Tom", "Mia", "Leo", "Ivy")
@@ -27,29 +26,9 @@ ITEMS = ("apples", "pens", "cards", "eggs", "books", "shells", "stamps", "coins"
 _TEST, _TRAIN, _STREAM = range(3)  # tags that keep the random streams apart
 
 
-@dataclass
-class ArithSettings:
-    max_number: int = setting(ge=1)
-    two_step: float = setting(ge=0, le=1)  # share of two-step (add, then subtract) problems
-    train_problems: int = setting(ge=1)
-    test_problems: int = setting(ge=1)
-
-
-@DATA_KINDS.register("arith")
-@dataclass
-class ArithDataConfig(DataConfig):
-    """data.kind=arith (conf/data/arith.yaml): byte-level text of word problems."""
-    arith: ArithSettings = section(ArithSettings)
-
-    def check(self, run: Any) -> None:
-        super().check(run)
-        require(self.vocab_size == tokenizer.VOCAB_SIZE, f"data.vocab_size={self.vocab_size}: byte-level "
-                f"text needs {tokenizer.VOCAB_SIZE} (256 bytes + BOS, EOS, pad)")
-        require(self.seq_len >= 128, f"data.seq_len={self.seq_len}: text rows need >= 128 bytes "
-                f"(a worked example is ~110); raise model.max_seq_len")
-
-    def train_stream(self, seed: int, batch_size: int) -> TrainStream:
-        return TrainStream(self, seed, batch_size)
+@STREAMS.register("arith")
+def arith_stream(data_cfg: ArithDataConfig, seed: int, batch_size: int) -> TrainStream:
+    return TrainStream(data_cfg, seed, batch_size)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from common.atomic import write_text
+from config.evals import GSM8K_HUB
 
 Problem = dict[str, str]
 
@@ -55,9 +56,8 @@ def load_hub(split: str) -> list[Problem]:
             for r in datasets.load_dataset("openai/gsm8k", "main", split=split)]
 
 
-HUB = "hub"  # the `eval.gsm8k.path` value that reads openai/gsm8k through `datasets`
 
 
 def load_split(path: str, split: str) -> list[Problem]:
     """The split from the JSONL `path` (with `{split}` filled in), or from the hub for `hub`."""
-    return load_hub(split) if path == HUB else read_jsonl(path.replace("{split}", split))
+    return load_hub(split) if path == GSM8K_HUB else read_jsonl(path.replace("{split}", split))

@@ -29,15 +29,14 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
 
-from common.settings import require, setting
-from jobs.data import DATA_KINDS, DataConfig
+from config.data import N_SYMBOLS, VALIDATION_SEQUENCES, DataWarmupConfig, RegBenchDataConfig
+from jobs.data import STREAMS
 
-N_SYMBOLS = 18  # a..r = token ids 0..17
 SEP = 18  # "|" separates strings and opens every instance
 PAD = 19  # "." fills the instance up to seq_len + 1 tokens
 VOCAB = 20
@@ -48,109 +47,19 @@ _HELDOUT_POOL, _TRAIN_POOL, _HELDOUT_STRINGS, _TRAIN_STRINGS = range(4)
 _VALIDATION_POOL, _VALIDATION_STRINGS, _TRAIN_SET, _TRAIN_ORDER = range(4, 8)
 _WARMUP_POOL = 8
 _SET_CHUNK = 500  # instances generated at a time for a fixed set (bounds memory only)
-VALIDATION_SEQUENCES = 250  # the reference code's validation split: half of its 500 test automata
 
 
-_RANGE = "[low, high] with 1 <= low <= high"
-
-
-@dataclass
-class DataWarmupConfig:
-    """data.warmup: a data curriculum. The first `steps` training steps draw their automata (as
-    many as data.train_automata, from a pool of their own) and strings from these ranges; null
-    keeps the regime's own range. Later steps are the regime itself."""
-    steps: int = setting(gt=0)
-    num_states: Optional[list[int]] = setting(None, length=2, ascending=True, ge=2,
-                                              what="[low, high] with 2 <= low <= high (no self-loops)")
-    alphabet_size: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
-    transitions_per_state: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
-    string_length: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
-
-    def ranges(self) -> dict[str, tuple[int, int]]:
-        """The ranges it replaces, by RegBenchConfig field."""
-        return {name: tuple(value) for name in ("num_states", "alphabet_size", "transitions_per_state",
-                                                 "string_length") if (value := getattr(self, name)) is not None}
-
-
-@DATA_KINDS.register("regbench")
-@dataclass
-class RegBenchDataConfig(DataConfig):
-    """data.kind=regbench (conf/data/regbench*.yaml). Ranges are inclusive [low, high]."""
-    n_symbols: int = setting(choices=(N_SYMBOLS,))
-    num_states: list[int] = setting(length=2, ascending=True, ge=2,
-                                    what="[low, high] with 2 <= low <= high (no self-loops)")
-    alphabet_size: list[int] = setting(length=2, ascending=True, ge=1, what=_RANGE)
-    transitions_per_state: list[int] = setting(length=2, ascending=True, ge=1, what=_RANGE)
-    strings_per_instance: list[int] = setting(length=2, ascending=True, ge=1, what=_RANGE)
-    string_length: list[int] = setting(length=2, ascending=True, ge=1, what=_RANGE)
-    train_automata: int = setting(gt=0)
-    heldout_automata: int = setting(gt=0)
-    # Not set in conf/data/ (the defaults are here): null = a fresh instance per row (the infinite
-    # stream, the default); N = one fixed set of N instances, instance i of training automaton
-    # i % train_automata, trained on for as many epochs as train.steps need (the reference: 5000).
-    train_sequences: Optional[int] = setting(None, gt=0)
-    # With a fixed set: validation instances, one per automaton of a pool disjoint from the
-    # training and held-out pools (the reference: 250); the lowest validation loss chooses the
-    # checkpoint that the evaluations score.
-    validation_sequences: int = setting(VALIDATION_SEQUENCES, gt=0)
-    # true: the data option declares that its instances may be longer than the context and are
-    # cut at its end (regbench_easy: as many strings as fit); false: such a context is refused.
-    cut_at_context: bool = setting(False)
-    # Not set in conf/data/ (conf/experiment/miniature.yaml sets it): null = no curriculum.
-    warmup: Optional[DataWarmupConfig] = setting(None)
-
-    def check(self, run: Any) -> None:
-        super().check(run)
-        require(self.alphabet_size[1] <= self.n_symbols,
-                f"data.alphabet_size={self.alphabet_size}: more than data.n_symbols={self.n_symbols}")
-        require(self.vocab_size == self.n_symbols + 2,
-                f"data.vocab_size={self.vocab_size}: must be n_symbols + 2 (separator and pad)")
-        strings, length = self.strings_per_instance[1], self.string_length[1]
-        longest = longest_instance(self)
-        require(self.cut_at_context or longest <= self.seq_len + 1,
-                f"data.seq_len={self.seq_len}: shorter than the longest instance of data={self.name} "
-                f"({strings} strings of up to {length} symbols, each after a |: {longest} tokens, so "
-                f"data.seq_len >= {longest - 1}); use a size with model.max_seq_len >= {longest - 1}, "
-                f"shorter instances (data.strings_per_instance, data.string_length), or "
-                f"data.cut_at_context=true to cut them at the context's end")
-        require(self.train_sequences is None or run.backend.trains_on_data,
-                f"data.train_sequences={self.train_sequences}: backend={run.backend.name} trains on "
-                f"its own dataset, not on data.*; drop data.train_sequences or use backend=torch")
-        if self.warmup is not None:
-            self._check_warmup(run)
-
-    def _check_warmup(self, run: Any) -> None:
-        warmup = self.warmup
-        require(warmup.steps < run.train.steps,
-                f"data.warmup.steps={warmup.steps}: must be fewer than train.steps={run.train.steps}, "
-                f"or the regime itself is never trained on")
-        require(warmup.alphabet_size is None or warmup.alphabet_size[1] <= self.n_symbols,
-                f"data.warmup.alphabet_size={warmup.alphabet_size}: more than data.n_symbols={self.n_symbols}")
-        require(self.train_sequences is None,
-                f"data.warmup with data.train_sequences={self.train_sequences}: a curriculum draws fresh "
-                f"instances; use one of the two")
-        require(run.backend.trains_on_data,
-                f"data.warmup: backend={run.backend.name} trains on its own dataset, not on data.*; "
-                f"drop data.warmup or use backend=torch")
-        require(self.cut_at_context or longest_instance(warmup_view(RegBenchConfig.parse(self), warmup))
-                <= self.seq_len + 1,
-                f"data.warmup.string_length={warmup.string_length}: its instances are longer than "
-                f"data.seq_len={self.seq_len} + 1 and data={self.name} does not cut at the context")
-
-    def train_stream(self, seed: int, batch_size: int) -> Union[TrainStream, FixedSetStream]:
-        if self.train_sequences is None:
-            return TrainStream(self, seed, batch_size)
-        return FixedSetStream(self, seed, batch_size)
+@STREAMS.register("regbench")
+def regbench_stream(data_cfg: RegBenchDataConfig, seed: int, batch_size: int) -> Union[TrainStream, FixedSetStream]:
+    """The infinite stream (data.train_sequences null) or the fixed training set."""
+    if data_cfg.train_sequences is None:
+        return TrainStream(data_cfg, seed, batch_size)
+    return FixedSetStream(data_cfg, seed, batch_size)
 
 
 def warmup_view(cfg: RegBenchConfig, warmup: DataWarmupConfig) -> RegBenchConfig:
     """The generator settings of the warm-up steps: the regime's, with the warm-up's ranges."""
     return dataclasses.replace(cfg.automata, **warmup.ranges())
-
-
-def longest_instance(data_cfg: Any) -> int:
-    """Tokens of the longest instance the ranges allow: every string after its ``|``."""
-    return data_cfg.strings_per_instance[1] * (data_cfg.string_length[1] + 1)
 
 
 @dataclass(frozen=True)

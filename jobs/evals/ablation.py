@@ -22,17 +22,17 @@ to orient the comparison words: a smaller drop means a model leans less on those
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 
 from common.metrics import CurveSpec, MetricSpec
-from common.settings import setting
+from config.run import JobConfig
+from jobs.backends import load_model
 from jobs.contract import JobResult, Progress
+from jobs.data import train_stream
 from jobs.data.fewshot import TASKS, suite, task_f1
 from jobs.evals import evaluation
 from jobs.evals.induction import head_table, repeated_sequences, top_heads
@@ -40,8 +40,6 @@ from jobs.evals.regbench import evaluate
 from jobs.interp import head_means, replace_heads
 from jobs.model import Decoder
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 CONDITIONS = {"mean": "", "zero": "_zero", "random": "_random"}  # metric suffixes
 CONDITION_LABELS = {"": "top heads mean-ablated", "_zero": "top heads zero-ablated (control)",
@@ -50,16 +48,6 @@ REGBENCH_TASK = "regbench_acc"
 # Drops and rises measure an effect: higher = the model relies more on the ablated heads (the
 # paper's claim for grown and looped models), compared as "higher".
 EFFECT = "higher = relies more on the ablated heads; compared as higher"
-
-
-@dataclass
-class AblationSettings:
-    """eval.ablation: every fraction in one job (eval settings are semantic, so a sweep over
-    `fraction` would retrain); `fraction` gives the headline metrics."""
-    fraction: float = setting(gt=0, le=1)      # headline: the top fraction of head applications ablated
-    fractions: list[float] = setting(gt=0, le=1, nonempty=True)  # the curve
-    prompts: int = setting(gt=0)               # prompts per few-shot task (jobs/data/fewshot.py)
-    reference_batch: int = setting(gt=0)       # training-distribution instances the head means are taken over
 
 
 CLAIM = "ablating the top induction heads costs grown and looped models more few-shot score"
@@ -115,7 +103,7 @@ def score(model: Decoder, cfg: JobConfig) -> JobResult:
     induction = cfg.eval.induction
     table = head_table(model, repeated_sequences(induction.sequences, induction.length, seed))
     shape = (len(model.plan), int(table["head"].max()) + 1)
-    reference, _ = cfg.data.train_stream(seed, settings.reference_batch).batch(cfg.train.steps)
+    reference, _ = train_stream(cfg.data, seed, settings.reference_batch).batch(cfg.train.steps)
     means = head_means(model, reference)
     values = {"mean": means, "zero": torch.zeros_like(means), "random": means}
     suite_ = Suite(model, cfg)
@@ -160,8 +148,7 @@ def score(model: Decoder, cfg: JobConfig) -> JobResult:
 
 # Revision 2: the held-out TVD is the paper's (jobs/evals/regbench.py) and the held-out accuracy
 # task is scored at the reference code's positions.
-@evaluation("ablation", title="Head ablation", metrics=METRICS, curves=CURVES, data=("regbench",), settings=AblationSettings,
-            revision=2)
+@evaluation("ablation", title="Head ablation", metrics=METRICS, curves=CURVES, revision=2)
 def ablation(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the final checkpoint, clean and with heads ablated."""
-    return score(cfg.backend.load_model(cfg, run_dir), cfg)
+    return score(load_model(cfg, run_dir), cfg)

@@ -8,27 +8,24 @@ after removing commas, `$`, everything up to `#### ` and a trailing period, igno
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import pandas as pd
 
 from common.metrics import MetricSpec
-from common.settings import require, setting
+from config.evals import Gsm8kSettings
+from config.run import JobConfig
 from jobs import tokenizer
+from jobs.backends import load_model
 from jobs.contract import JobResult, Progress
 from jobs.data import arith, gsm8k
 from jobs.evals import evaluation
 from jobs.generate import greedy
 from jobs.model import Decoder
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
@@ -42,28 +39,6 @@ METRICS = {
     "gsm8k_em_flexible": MetricSpec("GSM8K exact match (flexible)", higher_is_better=True),
     "gsm8k_truncated": MetricSpec("GSM8K prompts cut to fit the context", higher_is_better=False),
 }
-
-
-@dataclass
-class Gsm8kSettings:
-    """eval.gsm8k. Problems from `path`: a JSONL file (`{split}` -> train/test), `hub`
-    (`openai/gsm8k` through Hugging Face `datasets`), or null: the arith data's own splits."""
-    n_shots: int = setting(ge=0)
-    shot_seed: int = setting(ge=0, what="a non-negative integer")
-    limit: Optional[int] = setting(ge=1)   # the first N test problems; null = all
-    max_new_tokens: int = setting(ge=1)
-    path: Optional[str] = setting()
-
-    def check(self, run: Any) -> None:
-        if self.path == gsm8k.HUB:
-            require(importlib.util.find_spec("datasets") is not None,
-                    "eval.gsm8k.path=hub: reading openai/gsm8k needs the `datasets` package; install it "
-                    "or give a GSM8K JSONL path")
-        elif self.path is not None:
-            for split in ("train", "test"):
-                path = Path(self.path.replace("{split}", split)).expanduser()
-                require(path.is_file(), f"eval.gsm8k.path={self.path}: {path} is not a file; give a GSM8K "
-                        f"JSONL (use {{split}} for separate train/test files) or null")
 
 
 def extract_strict(text: str) -> str:
@@ -140,8 +115,8 @@ def evaluate(model: Decoder, data: Mapping[str, list[gsm8k.Problem]], settings: 
     return JobResult(metrics=metrics, items=items)
 
 
-@evaluation("gsm8k", title="GSM8K: grade-school arithmetic, 8-shot", metrics=METRICS, data=("arith",), settings=Gsm8kSettings)
+@evaluation("gsm8k", title="GSM8K: grade-school arithmetic, 8-shot", metrics=METRICS)
 def gsm8k_job(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's final checkpoint, n_shots-shot exact match."""
-    model = cfg.backend.load_model(cfg, run_dir)
+    model = load_model(cfg, run_dir)
     return evaluate(model, problems(cfg), cfg.eval.gsm8k)

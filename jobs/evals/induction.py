@@ -14,25 +14,22 @@ it is shown beside its chance level, not used as the criterion. Heads are scored
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import torch
 
 from common.metrics import CurveSpec, MetricSpec
-from common.settings import require, setting
+from config.run import JobConfig
+from jobs.backends import load_model
 from jobs.contract import JobResult, Progress
 from jobs.data.regbench import N_SYMBOLS, SEP, heldout_walks
 from jobs.evals import evaluation
 from jobs.interp import attention_patterns, induction_scores, induction_targets
 from jobs.model import Decoder
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 _EXACT_LIMIT = 200_000  # enumerate every top-k set up to this many, else sample
 _DRAWS = 20_000
@@ -41,20 +38,6 @@ REVISION = 2
 # A family formed induction heads when the median of its seeds' induction_max reaches this: models
 # without the circuit score 0.07-0.18 here, with it 0.57-0.90 (docs/miniature.md).
 INDUCTION_FORMED = 0.5
-
-
-@dataclass
-class InductionSettings:
-    """eval.induction: prefix-matching scores and, for a grown model, ancestry concentration."""
-    sequences: int = setting(gt=0)    # repeated random sequences scored
-    length: int = setting(ge=1, le=N_SYMBOLS)  # distinct symbols per copy
-    top_k: int = setting(gt=0)        # heads counted as "top" (induction_topk_mean, ancestry)
-    ancestors_m: int = setting(gt=0)  # ancestry: top-k heads descending from the best m ancestor heads
-
-    def check(self, run: Any) -> None:
-        require(2 * self.length + 2 <= run.model.max_seq_len,
-                f"eval.induction.length={self.length}: must fit twice (plus 2 separators) in "
-                f"model.max_seq_len={run.model.max_seq_len}")
 
 
 METRICS = {
@@ -182,8 +165,7 @@ def score(model: Decoder, cfg: JobConfig) -> JobResult:
     return JobResult(metrics=metrics, curves={"induction_heads": curve}, items=items)
 
 
-@evaluation("induction", title="Induction heads", metrics=METRICS, curves=CURVES, data=("regbench",),
-            settings=InductionSettings, revision=REVISION)
+@evaluation("induction", title="Induction heads", metrics=METRICS, curves=CURVES, revision=REVISION)
 def induction(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the final checkpoint's heads on repeated random sequences."""
-    return score(cfg.backend.load_model(cfg, run_dir), cfg)
+    return score(load_model(cfg, run_dir), cfg)

@@ -3,16 +3,13 @@ executor tests run thousands of jobs in seconds."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from common.metrics import MetricSpec
+from config.run import JobConfig
 from jobs.contract import JobResult, Progress
 from jobs.evals import evaluation
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
-
-@evaluation("noop", title="No-op (scheduling overhead)", metrics={"noop": MetricSpec("no-op", higher_is_better=True)}, data=())
+@evaluation("noop", title="No-op (scheduling overhead)", metrics={"noop": MetricSpec("no-op", higher_is_better=True)})
 def noop(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     return JobResult(metrics={"noop": 1.0})

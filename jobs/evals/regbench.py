@@ -17,23 +17,21 @@ counting short contexts already achieves.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 
 from common.metrics import CurveSpec, MetricSpec
-from common.settings import setting
+from config.evals import RegBenchSettings
+from config.run import JobConfig
+from jobs.backends import load_model
 from jobs.contract import JobResult, Progress
 from jobs.data.regbench import N_SYMBOLS, PAD, SEP, VOCAB, DataSpec, EvalSet, RegBenchConfig, heldout_set
 from jobs.evals import evaluation
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 NGRAM_ORDERS = (1, 2, 3)
 _NGRAM_BATCH = 50  # instances per chunk of n-gram counting (bounds memory only)
@@ -52,14 +50,6 @@ NGRAM_NAMES = {1: "in-context unigram", 2: "in-context bigram", 3: "in-context t
 SCORES = {"tvd": ("TVD", False), "l1_ref": ("L1, reference-code convention", False), "acc": ("accuracy", True)}
 REFERENCES = tuple(f"ngram{n}_tvd" for n in NGRAM_ORDERS)
 ITEM_METRICS = ("regbench_tvd", "regbench_tvd_symbols", "regbench_acc") + REFERENCES
-
-
-@dataclass
-class RegBenchSettings:
-    """eval.regbench: the held-out instances scored (one per held-out automaton, cycled)."""
-    instances: int = setting(gt=0)
-    ngram_alpha: float = setting(gt=0)  # add-alpha smoothing of the ngram*_add_* reference rows
-    batch_size: int = setting(gt=0)
 
 
 METRICS = {
@@ -299,10 +289,9 @@ def evaluate(data_cfg: DataSpec, settings: RegBenchSettings,
     return _summaries(scores, eval_set)
 
 
-@evaluation("regbench", title="RegBench: in-context language learning", metrics=METRICS, curves=CURVES,
-            data=("regbench",), settings=RegBenchSettings, revision=REVISION)
+@evaluation("regbench", title="RegBench: in-context language learning", metrics=METRICS, curves=CURVES, revision=REVISION)
 def regbench(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's evaluated checkpoint (backend.load_model) on the held-out automata."""
-    model = cfg.backend.load_model(cfg, run_dir)
+    model = load_model(cfg, run_dir)
     device = next(model.parameters()).device
     return evaluate(cfg.data, cfg.eval.regbench, lambda inputs: model(inputs.to(device)))

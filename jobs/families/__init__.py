@@ -1,6 +1,6 @@
-"""The model families. A family is a config class registered under its name (one file each in
-this package); it says how its network is laid out, how training is split into stages, and, for
-a family that grows, how it grows:
+"""The model families' behaviour: how a family lays out its network, splits training into
+stages and, for a family that grows, grows. One file each in this package, a `Family` registered
+under the family's name, reading its config (config/family.py):
 
 dense:  L layers applied once each.
 looped: prelude, a block of k layers applied `loops` times, coda.
@@ -9,16 +9,18 @@ lidas:  starts shallow and grows by one block per stage (Layer-wise Insertion at
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Generic, Optional, TypeVar
 
 import torch
 from torch import nn
 
 from common.registry import Registry
-from common.settings import setting
-from jobs.model import Decoder, ModelConfig
+from config.family import FamilyConfig
+from config.model import ModelConfig
+from jobs.model import Decoder
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+C = TypeVar("C", bound=FamilyConfig)
 
 
 @dataclass(frozen=True)
@@ -28,13 +30,11 @@ class Stage:
     n_layers: int  # effective depth during the stage
 
 
-@dataclass
-class FamilyConfig:
-    """What every family has; each family subclasses it with its own settings and layout."""
-    name: str = setting()
+class Family(Generic[C]):
+    """A family's behaviour over its config `self.config`; each family subclasses it."""
 
-    def derive(self, run: Any) -> None:
-        """Replace the family's nulls by values derived from the size (before validation)."""
+    def __init__(self, config: C):
+        self.config = config
 
     def layer_plan(self, model: ModelConfig, ancestors: Optional[list[int]] = None) -> tuple[int, list[int]]:
         """(number of unique layers, application order) of the network; `ancestors` (from a
@@ -48,17 +48,22 @@ class FamilyConfig:
     def grow(self, model: Decoder, optimizer: torch.optim.Optimizer,
              new_optimizer: OptimizerFactory) -> torch.optim.Optimizer:
         """Make `model` one growth step deeper; returns the optimizer for the grown model."""
-        raise ValueError(f"family {self.name} does not grow")
+        raise ValueError(f"family {self.config.name} does not grow")
 
     def ancestors(self, model: ModelConfig, steps: int, n_layers: int) -> list[int]:
         """For each layer of the network at depth `n_layers`, the initial layer it descends from."""
         return list(range(n_layers))
 
 
-FAMILIES: Registry[type[FamilyConfig]] = Registry("family", "jobs.families", "family.name")
+FAMILIES: Registry[type[Family]] = Registry("family", "jobs.families", "family.name")
 
 
-def build_model(family: FamilyConfig, model: ModelConfig, ancestors: Optional[list[int]] = None) -> Decoder:
+def family_of(config: FamilyConfig) -> Family:
+    """The behaviour of the family `config` configures."""
+    return FAMILIES[config.name](config)
+
+
+def build_model(config: FamilyConfig, model: ModelConfig, ancestors: Optional[list[int]] = None) -> Decoder:
     """The family's network: the initial one, or, given a checkpoint's ancestors, as grown since."""
-    n_unique, plan = family.layer_plan(model, ancestors)
+    n_unique, plan = family_of(config).layer_plan(model, ancestors)
     return Decoder(model, n_unique, plan, ancestors)

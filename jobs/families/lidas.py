@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
-from common.settings import require, section, setting
-from jobs.families import FAMILIES, FamilyConfig, OptimizerFactory, Stage
-from jobs.model import Decoder, ModelConfig
-
-
-@dataclass
-class GrowthConfig:
-    block_layers: Optional[int] = setting(gt=0)  # null = model.block_size
-    initial_blocks: int = setting(gt=0)
-    alpha: float = setting(ge=0)
-    optimizer_state: str = setting(choices=("copy", "reset"))  # copy: new layers take their source's AdamW moments
+from config.family import LidasConfig
+from config.model import ModelConfig
+from jobs.families import FAMILIES, Family, OptimizerFactory, Stage
+from jobs.model import Decoder
 
 
 def growth_window(n_layers: int, block: int) -> slice:
@@ -40,38 +32,22 @@ def growth_sources(n_layers: int, block: int) -> list[int]:
 
 
 @FAMILIES.register("lidas")
-@dataclass
-class LidasConfig(FamilyConfig):
-    growth: GrowthConfig = section(GrowthConfig)
-
-    def derive(self, run: Any) -> None:
-        if self.growth.block_layers is None:
-            self.growth.block_layers = run.model.block_size
-
-    def check(self, run: Any) -> None:
-        b, n0, n = self.growth.block_layers, self.growth.initial_blocks, run.model.n_layers
-        require(n % b == 0, f"family.growth.block_layers={b}: must divide model.n_layers={n}")
-        require(n0 < n // b, f"family.growth.initial_blocks={n0}: the schedule does not grow (final "
-                f"depth {n} = {n // b} blocks of {b}); use fewer initial blocks")
-        stages = n // b - n0 + 1
-        require(run.train.steps >= stages, f"train.steps={run.train.steps}: fewer than the {stages} "
-                f"growth stages; raise train.steps")
-
+class Lidas(Family[LidasConfig]):
     def layer_plan(self, model: ModelConfig, ancestors: Optional[list[int]] = None) -> tuple[int, list[int]]:
-        n = len(ancestors) if ancestors is not None else self.growth.initial_blocks * self.growth.block_layers
+        n = len(ancestors) if ancestors is not None else self.config.growth.initial_blocks * self.config.block_layers
         return n, list(range(n))
 
     def stages(self, model: ModelConfig, steps: int) -> list[Stage]:
         """Stage i (i blocks) gets a share of the steps proportional to i**alpha. Boundaries are
         the rounded cumulative shares, so the lengths add up to `steps` exactly; each stage
         keeps at least one step."""
-        block, n_layers = self.growth.block_layers, model.n_layers
-        if n_layers % block or not 1 <= self.growth.initial_blocks <= n_layers // block:
+        block, n_layers = self.config.block_layers, model.n_layers
+        if n_layers % block or not 1 <= self.config.growth.initial_blocks <= n_layers // block:
             raise ValueError(f"n_layers={n_layers} is not a whole number of blocks above initial_blocks")
-        blocks = range(self.growth.initial_blocks, n_layers // block + 1)
+        blocks = range(self.config.growth.initial_blocks, n_layers // block + 1)
         if steps < len(blocks):
             raise ValueError(f"{steps} steps cannot cover {len(blocks)} stages")
-        weights = [i ** self.growth.alpha for i in blocks]
+        weights = [i ** self.config.growth.alpha for i in blocks]
         stages, start, cumulative = [], 0, 0.0
         for position, (i, weight) in enumerate(zip(blocks, weights)):
             cumulative += weight
@@ -89,7 +65,7 @@ class LidasConfig(FamilyConfig):
         With optimizer_state "copy" the copies get clones of their sources' AdamW moments and
         step count, so both continue like the source did; "reset" starts them fresh. Returns the
         new optimizer; its parameter order equals a freshly built model's."""
-        block, layers = self.growth.block_layers, list(model.layers)
+        block, layers = self.config.block_layers, list(model.layers)
         window, sources = growth_window(len(layers), block), growth_sources(len(layers), block)
         copies = [copy.deepcopy(layer) for layer in layers[window]]
         model.layers = nn.ModuleList(layers[: window.stop] + copies + layers[window.stop :])
@@ -100,7 +76,7 @@ class LidasConfig(FamilyConfig):
         for param in model.parameters():  # parameters that existed before keep their state
             if param in optimizer.state:
                 grown.state[param] = optimizer.state[param]
-        if self.growth.optimizer_state == "copy":
+        if self.config.growth.optimizer_state == "copy":
             for source_layer, copy_layer in zip(layers[window], copies):
                 for source, duplicate in zip(source_layer.parameters(), copy_layer.parameters()):
                     if source in optimizer.state:
@@ -111,5 +87,5 @@ class LidasConfig(FamilyConfig):
         """The growth operator applied stage by stage from the initial layers."""
         ancestors = list(range(self.stages(model, steps)[0].n_layers))
         while len(ancestors) < n_layers:
-            ancestors = [ancestors[i] for i in growth_sources(len(ancestors), self.growth.block_layers)]
+            ancestors = [ancestors[i] for i in growth_sources(len(ancestors), self.config.block_layers)]
         return ancestors

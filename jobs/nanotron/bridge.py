@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 from safetensors import safe_open
@@ -27,12 +27,12 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from common.atomic import write_text
-from jobs.families import build_model
-from jobs.model import Decoder, ModelConfig
+from config.model import ModelConfig
+from config.run import JobConfig
+from jobs.families import build_model, family_of
+from jobs.model import Decoder
 from jobs.nanotron.render import model_config, stage_dir
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 CHECKPOINT_VERSION = "1.5"  # nanotron's CHECKPOINT_VERSION at the pinned commit
 SHARD = re.compile(r"_pp-rank-(\d+)-of-(\d+)_tp-rank-(\d+)-of-(\d+)")
@@ -245,7 +245,7 @@ def export(model: Decoder, cfg: JobConfig, checkpoints_path: Path, step: int) ->
 def ancestors_at(cfg: JobConfig, n_layers: int) -> list[int]:
     """The ancestry of the family's network at depth n_layers (for LIDAS: the growth operator
     applied stage by stage from the initial layers, as the torch backend grows in-process)."""
-    return cfg.family.ancestors(cfg.model, cfg.train.steps, n_layers)
+    return family_of(cfg.family).ancestors(cfg.model, cfg.train.steps, n_layers)
 
 
 def import_model(cfg: JobConfig, checkpoints_path: Path, step: Optional[int] = None) -> Decoder:
@@ -277,7 +277,7 @@ def final_model(cfg: JobConfig, run_dir: Path) -> Decoder:
     """The finished nanotron run's torch model (what its evaluations load); refuses a run whose
     last stage has not saved step train.steps."""
     steps = cfg.train.steps
-    last = stage_dir(run_dir, len(cfg.family.stages(cfg.model, steps)) - 1) / "checkpoints"
+    last = stage_dir(run_dir, len(family_of(cfg.family).stages(cfg.model, steps)) - 1) / "checkpoints"
     step = completed_step(last)
     if step != steps:
         raise FileNotFoundError(f"{run_dir} has no final nanotron checkpoint (step {steps} in "

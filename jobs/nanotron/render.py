@@ -15,17 +15,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import yaml
 
-from jobs.families import Stage
+from config.backend import NanotronSettings
+from config.run import JobConfig
+from jobs.families import Stage, family_of
 from jobs.launch import torchrun_command
 from jobs.nanotron.schema import NANOTRON_COMMIT, validate
-from jobs.nanotron.settings import NanotronSettings
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 NORM_PARAMS = [".*layernorm.*", ".*final_layer_norm.*"]  # no weight decay on norms, as jobs/optim.py
 
@@ -62,7 +61,7 @@ def stage_dir(run_dir: Path, index: int) -> Path:
 
 def stages(cfg: JobConfig) -> list[Stage]:
     """The run's training stages (one for dense)."""
-    return cfg.family.stages(cfg.model, cfg.train.steps)
+    return family_of(cfg.family).stages(cfg.model, cfg.train.steps)
 
 
 def model_config(cfg: JobConfig, n_layers: int) -> dict:

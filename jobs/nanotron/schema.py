@@ -19,19 +19,14 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+from config.backend import ATTN_IMPLEMENTATIONS
+
 NANOTRON_COMMIT = "2411b022a75fb7f7561a1bb4166706da5e1b76de"  # huggingface/nanotron main, 2026-04-07
 # A checkout, not just the package: the job runs its run_train.py (backend.nanotron.run_train).
 INSTALL_LINE = (f"git clone https://github.com/huggingface/nanotron && git -C nanotron checkout "
                 f"{NANOTRON_COMMIT} && pip install -e ./nanotron")
 
 
-# nanotron's _attn_implementation values this project renders (backend.nanotron.attn_implementation);
-# nanotron also knows ring, ring_flash_triton and llama3_ring_attention (context parallelism, not
-# rendered here). Caution: at the pinned commit, Qwen2Attention.forward takes the packed-qkv path
-# (_use_qkv_packed, default true; the other branch is commented out) and calls
-# flash_attn_varlen_kvpacked_func whatever this says, so sdpa does not make nanotron run without
-# flash-attn there (tests/test_nanotron_checkpoints.py pins this fact).
-ATTN_IMPLEMENTATIONS = ("flash_attention_2", "sdpa", "flex_attention")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
 
 

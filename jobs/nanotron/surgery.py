@@ -13,17 +13,17 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from torch import Tensor
 
-from jobs.families.lidas import LidasConfig, growth_sources
+from config.family import LidasConfig
+from config.run import JobConfig
+from jobs.families.lidas import growth_sources
 from jobs.nanotron.bridge import (LAYER, CheckpointError, ancestors_at, completed_step,
                                   read_metadata, read_tensors, write_step)
 from jobs.nanotron.render import model_config
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 CARRIED = ("lr_scheduler", "random")  # copied file for file: the schedule and RNG continue
 
@@ -55,7 +55,7 @@ def grow_checkpoint(cfg: JobConfig, source: Path, target: Path, config_yaml: Opt
     step_dir = Path(source) / str(step)
     if not isinstance(cfg.family, LidasConfig):
         raise CheckpointError(f"family={cfg.family.name} does not grow; only lidas runs have stages to grow between")
-    block = cfg.family.growth.block_layers
+    block = cfg.family.block_layers
     tensors = read_tensors(step_dir / "model")
     n_old = sum(1 for name in tensors if name.endswith("input_layernorm.weight"))
     grown = grow_tensors(tensors, block)

@@ -17,11 +17,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import pandas as pd
 
 from common.atomic import write_text
+from config.run import JobConfig
 from jobs import launch
 from jobs.contract import JobResult
 from jobs.nanotron import render
@@ -29,8 +30,6 @@ from jobs.nanotron.bridge import ancestors_at, completed_step
 from jobs.nanotron.surgery import grow_checkpoint
 from jobs.train import final_loss
 
-if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
-    from jobs.config import JobConfig
 
 # nanotron's per-iteration line: "iteration: 12 / 100 | ... | lm_loss: 3.41 | lr: 0.003 | ..."
 ITERATION = re.compile(r"iteration: (\d+) / (\d+) \|(.*)")

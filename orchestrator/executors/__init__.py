@@ -1,5 +1,5 @@
-"""Where a sweep's jobs run: one executor per cluster kind, a file each in this package, with
-its config (the `cluster` section, conf/cluster/<kind>.yaml) registered under its name.
+"""Where a sweep's jobs run: one executor per cluster kind, a file each in this package,
+registered under the kind's name (its config, the `cluster` section, is in config/cluster.py).
 
     local        a Ray started on this machine for the sweep (ray_driver.py)
     ray          an existing Ray cluster at cluster.address
@@ -13,33 +13,16 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from common.registry import Registry
-from common.settings import setting
+from config.cluster import ClusterConfig
 
 if TYPE_CHECKING:  # for annotations only; plan and sweep import this package, not the reverse
     from rich.console import Console
 
     from orchestrator.plan import PlannedRun
     from store.store import Store
-
-
-@dataclass
-class ClusterConfig:
-    """What every cluster kind has: its name, and what the dry run's GPU-hours estimate assumes
-    (training FLOPs / (peak x MFU) / 3600; H100 bf16 dense by default)."""
-    name: str = setting()
-    gpu_peak_flops_per_s: float = setting(gt=0)
-    gpu_mfu: float = setting(gt=0, le=1)
-
-    executor_class: ClassVar[type["Executor"]]  # set by each cluster kind
-
-    def executor(self) -> "Executor":
-        return self.executor_class(self)
-
-
-CLUSTERS: Registry[type[ClusterConfig]] = Registry("cluster kind", "orchestrator.executors", "cluster.name")
 
 
 @dataclass
@@ -91,7 +74,15 @@ class Executor(ABC):
         return 0
 
 
+EXECUTORS: Registry[type[Executor]] = Registry("cluster kind", "orchestrator.executors", "cluster.name")
+
+
+def executor_of(config: ClusterConfig) -> Executor:
+    """The executor of the run's cluster section."""
+    return EXECUTORS[config.name](config)
+
+
 def recorded_executor(sweep: dict) -> Optional[Executor]:
     """The executor of the cluster jobs a sweep record lists (None: it ran on Ray directly)."""
     kinds = [job.get("cluster") for job in sweep.get("slurm_jobs", [])]
-    return CLUSTERS[kinds[-1]].executor_class(None) if kinds else None
+    return EXECUTORS[kinds[-1]](None) if kinds else None

@@ -3,16 +3,16 @@ shut down when the sweep ends. The default: nothing to configure."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Optional
 
-from common.settings import require, setting
-from orchestrator.executors import CLUSTERS, ClusterConfig
+from config.cluster import LocalConfig
+from orchestrator.executors import EXECUTORS
 from orchestrator.executors.ray_driver import RAY_OPTIONS, RayExecutor
 
 
+@EXECUTORS.register("local")
 class LocalExecutor(RayExecutor):
-    config: "LocalConfig"
+    config: LocalConfig
 
     def connect(self) -> None:
         import ray
@@ -26,23 +26,3 @@ class LocalExecutor(RayExecutor):
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return [{"CPU": self.config.num_cpus or os.cpu_count(), "GPU": self.config.num_gpus or 0,
                  "memory": memory}]
-
-
-@CLUSTERS.register("local")
-@dataclass
-class LocalConfig(ClusterConfig):
-    num_cpus: Optional[int] = setting(gt=0)   # null: all cores
-    num_gpus: Optional[int] = setting(ge=0)   # null: none
-    include_dashboard: bool = setting()
-    dashboard_host: str = setting()
-
-    executor_class = LocalExecutor
-
-    def check(self, run: object) -> None:
-        """Ray fails with a traceback when the dashboard's packages (ray[default]) are missing."""
-        if self.include_dashboard:
-            from ray._private.utils import get_dashboard_dependency_error  # imports Ray: only when asked
-
-            require(get_dashboard_dependency_error() is None,
-                    "cluster.include_dashboard=true: Ray's dashboard needs `pip install 'ray[default]'` "
-                    "(same version as ray); or leave the dashboard off")

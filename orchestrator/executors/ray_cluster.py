@@ -6,11 +6,9 @@ shipped to them with Ray's runtime_env."""
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
-from typing import Any, Optional
 
-from common.settings import require, setting
-from orchestrator.executors import CLUSTERS, ClusterConfig
+from config.cluster import RayClusterConfig
+from orchestrator.executors import EXECUTORS
 from orchestrator.executors.ray_driver import RAY_OPTIONS, RayExecutor
 from orchestrator.worker import PROJECT_ROOT
 
@@ -19,14 +17,15 @@ SHIP_EXCLUDES = [".venv", ".git", "outputs", "wandb", "**/__pycache__", "*.egg-i
                  ".pytest_cache", "*.pt", "*.parquet"]
 
 
+@EXECUTORS.register("ray")
 class RayClusterExecutor(RayExecutor):
-    config: "RayClusterConfig"
+    config: RayClusterConfig
 
     def connect(self) -> None:
         import ray
 
         address, kwargs = self.config.address, dict(RAY_OPTIONS)
-        if self.config.ships_code():
+        if ships_code(self.config):
             kwargs["runtime_env"] = {"working_dir": str(PROJECT_ROOT), "excludes": SHIP_EXCLUDES}
         try:
             ray.init(address=address, **kwargs)
@@ -43,28 +42,16 @@ class RayClusterExecutor(RayExecutor):
                 f"RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)") from None
 
 
-@CLUSTERS.register("ray")
-@dataclass
-class RayClusterConfig(ClusterConfig):
-    address: Optional[str] = setting()     # head-ip:6379, or auto
-    ship_code: Optional[bool] = setting()  # null: ship the project unless the address is on this machine
-
-    executor_class = RayClusterExecutor
-
-    def check(self, run: Any) -> None:
-        require(bool(self.address), "cluster.address: cluster=ray needs the address of a running cluster, "
-                "e.g. cluster.address=10.0.0.5:6379 (or auto for the one started on this machine)")
-
-    def ships_code(self) -> bool:
-        """cluster.ship_code, or (null) whether the address is not a cluster on this machine."""
-        if self.ship_code is not None:
-            return self.ship_code
-        if not self.address or self.address == "auto":
-            return False
-        host = self.address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
-        local = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
-        try:
-            local |= set(socket.gethostbyname_ex(socket.gethostname())[2])
-        except OSError:
-            pass
-        return host not in local
+def ships_code(config: RayClusterConfig) -> bool:
+    """cluster.ship_code, or (null) whether the address is not a cluster on this machine."""
+    if config.ship_code is not None:
+        return config.ship_code
+    if not config.address or config.address == "auto":
+        return False
+    host = config.address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    local = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+    try:
+        local |= set(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return host not in local

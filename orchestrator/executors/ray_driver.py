@@ -104,7 +104,7 @@ class RayExecutor(Executor):
             nodes = live_nodes()
             check_fit(todo, nodes)
             feed = Feed(todo, str(store.root.resolve()), window(nodes), cpus=int(sum(n.get("CPU", 0) for n in nodes)),
-                        batch=len(todo) > LISTED)  # the root resolved: tasks may run elsewhere (a shipped working_dir)
+                        batch=len(todo) > LISTED, sweep=name)  # the root resolved: tasks may run elsewhere (a shipped working_dir)
             outcome.update(_drive(feed, view.Tally(len(runs), len(outcome), active=feed.active), store, console))
         return Outcome(outcome)
 
@@ -148,10 +148,12 @@ class Feed:
     is timed, at most two of its runs per core are in flight, so that most of it waits for the
     timing instead of going a task per job."""
 
-    def __init__(self, runs: list[PlannedRun], root: str, window: int, cpus: int = 1, batch: bool = False):
+    def __init__(self, runs: list[PlannedRun], root: str, window: int, cpus: int = 1, batch: bool = False,
+                 sweep: Optional[str] = None):
         import ray
 
         self.runs, self.root, self.window, self.cpus = deque(runs), root, window, max(1, cpus)
+        self.sweep = sweep  # the jobs' W&B group
         self.remote, self.coordinate = ray.remote(execute), ray.remote(execute_nodes)
         self.remote_batch = ray.remote(execute_runs)
         self.texts = SeedTemplates(config_yaml)
@@ -232,7 +234,7 @@ class Feed:
             fn = self.coordinate if multi_node(r.config, job) else self.remote
             ref = fn.options(**job_resources(r.config, job), max_retries=r.config.train.max_retries,
                              retry_exceptions=True, name=f"{r.label}:{job}").remote(
-                job, r.run_id, self.root, r.config, *after, config_text=text)
+                job, r.run_id, self.root, r.config, *after, config_text=text, sweep=self.sweep)
             train_ref = ref if job == "train" else train_ref
             self.inflight[ref] = Task([r], job)
 
@@ -241,7 +243,7 @@ class Feed:
         ref = self.remote_batch.options(**job_resources(first.config, first.todo[0]),
                                        max_retries=first.config.train.max_retries, retry_exceptions=True,
                                        name=f"{first.label}+{len(runs) - 1}").remote(
-            self.root, [(r.run_id, r.config, r.todo, self.texts(r.config)) for r in runs])
+            self.root, [(r.run_id, r.config, r.todo, self.texts(r.config)) for r in runs], self.sweep)
         self.inflight[ref] = Task(runs, None)
         self.batched_runs += len(runs)
 

@@ -7,11 +7,10 @@ resume from their checkpoints. `status` shows its Slurm state, `cancel` scancels
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 
-from common.settings import setting
-from orchestrator.executors import CLUSTERS
-from orchestrator.executors.slurm_tools import (Request, SlurmCommon, SlurmExecutor, header, prologue, quoted,
+from config.cluster import SlurmConfig
+from orchestrator.executors import EXECUTORS
+from orchestrator.executors.slurm_tools import (Request, SlurmExecutor, header, prologue, quoted,
                                                 slurm_dir)
 from orchestrator.plan import PlannedRun, check_fit
 from store.store import Store
@@ -24,8 +23,9 @@ def inner_overrides(overrides: list[str]) -> list[str]:
     return [o for o in overrides if key(o) != "cluster" and not key(o).startswith("cluster.")]
 
 
+@EXECUTORS.register("slurm")
 class SlurmAllocationExecutor(SlurmExecutor):
-    config: "SlurmConfig"
+    config: SlurmConfig
 
     def check(self, runs: list[PlannedRun], name: str, store: Store) -> None:
         super().check(runs, name, store)
@@ -105,15 +105,3 @@ class SlurmAllocationExecutor(SlurmExecutor):
             f'{quoted(driver)} "cluster.address=$RAY_ADDRESS" --name {shlex.quote(name)}',
             "",
         ])
-
-
-@CLUSTERS.register("slurm")
-@dataclass
-class SlurmConfig(SlurmCommon):
-    nodes: int = setting(ge=1)                 # Ray nodes = Slurm nodes; resources.nodes of a run must fit
-    gpus_per_node: int = setting(ge=0)         # #SBATCH --gres=gpu:N, and Ray's --num-gpus per node
-    cpus_per_node: int = setting(ge=1)         # #SBATCH --cpus-per-task (one task per node), Ray's --num-cpus
-    mem_gb: float = setting(gt=0)              # #SBATCH --mem per node; Ray gets 3/4, its object store 1/4
-    ray_start_timeout_s: int = setting(gt=0)   # seconds to wait for every node to join the Ray cluster
-
-    executor_class = SlurmAllocationExecutor

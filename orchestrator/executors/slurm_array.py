@@ -5,14 +5,13 @@ for (resources.* / eval.resources.*). For clusters where Ray cannot run."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
-from typing import Any
 
 from rich.console import Console
 
-from common.settings import require
-from orchestrator.executors import CLUSTERS, Outcome
-from orchestrator.executors.slurm_tools import (Request, SlurmCommon, SlurmExecutor, header, prologue, quoted,
+from config.cluster import SlurmArrayConfig
+from config.run import RunConfig
+from orchestrator.executors import EXECUTORS, Outcome
+from orchestrator.executors.slurm_tools import (Request, SlurmExecutor, header, prologue, quoted,
                                                 slurm_dir)
 from orchestrator.identity import SeedTemplates
 from orchestrator.identity import config_yaml
@@ -20,14 +19,15 @@ from orchestrator.plan import PlannedRun, jobs_of, resources_of
 from store.store import Store
 
 
-def task_resources(configs: list[Any]) -> tuple[int, float, int]:
+def task_resources(configs: list[RunConfig]) -> tuple[int, float, int]:
     """(cpus, memory GB, GPUs) of one array task: the most any job of any run needs."""
     needs = [resources_of(c, j) for c in configs for j in jobs_of(c)]
     return (max(r.cpus for r in needs), max(r.memory_gb for r in needs), max(int(-(-r.gpus // 1)) for r in needs))
 
 
+@EXECUTORS.register("slurm_array")
 class SlurmArrayExecutor(SlurmExecutor):
-    config: "SlurmArrayConfig"
+    config: SlurmArrayConfig
 
     def run(self, runs: list[PlannedRun], name: str, overrides: list[str], store: Store,
             console: Console) -> Outcome:
@@ -68,16 +68,3 @@ class SlurmArrayExecutor(SlurmExecutor):
         return Request(1, cpus, mem, gpus, {"nodes": "resources.nodes", "cpus": "resources.cpus (or eval.resources.cpus)",
                                             "mem_gb": "resources.memory_gb (or eval.resources.memory_gb)",
                                             "gpus": "resources.gpus (or eval.resources.gpus)"})
-
-
-@CLUSTERS.register("slurm_array")
-@dataclass
-class SlurmArrayConfig(SlurmCommon):
-    executor_class = SlurmArrayExecutor
-
-    def check(self, run: Any) -> None:
-        super().check(run)
-        require(run.resources.nodes == 1, f"cluster=slurm_array runs each run on one node; resources.nodes="
-                f"{run.resources.nodes} needs cluster=slurm (Ray across nodes)")
-        require(run.adaptive.metric is None, "adaptive.metric: an adaptive sweep decides between looks in "
-                "its driver; use cluster=slurm (the driver runs in the allocation)")

@@ -13,47 +13,20 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from rich.console import Console
 
 from common.atomic import write_text
-from common.settings import ConfigError, require, setting
-from orchestrator.executors import ClusterConfig, Executor, Outcome
+from common.settings import ConfigError
+from config.cluster import SlurmCommon
+from orchestrator.executors import Executor, Outcome
 from orchestrator.plan import PlannedRun
 from store.store import Store, now
 
 SWEEP_NAME = re.compile(r"[A-Za-z0-9._-]{1,120}")
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING",
           "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"}
-# sbatch reads `#SBATCH` lines itself, without a shell: their values must be single plain words.
-SBATCH_WORD = re.compile(r"[A-Za-z0-9_.,:@%+=/-]+")
-
-
-@dataclass
-class SlurmCommon(ClusterConfig):
-    """The settings both Slurm kinds share: where the jobs queue, for how long, and what runs
-    first in each job (module loads, venv activation)."""
-    partition: Optional[str] = setting()  # #SBATCH --partition (null: the cluster's default)
-    account: Optional[str] = setting()
-    qos: Optional[str] = setting()
-    time: str = setting()
-    requeue: bool = setting()             # a pre-empted job comes back and resumes
-    sbatch: list[str] = setting()         # extra options, one per item: ["--constraint=a100"]
-    setup: list[str] = setting()          # shell lines run first
-
-    def check(self, run: Any) -> None:
-        for key in ("partition", "account", "qos", "time"):
-            value = getattr(self, key)
-            require(value is None or bool(SBATCH_WORD.fullmatch(str(value))),
-                    f"cluster.{key}={value!r}: not a Slurm name (letters, digits and _.,:@%+=/- only)")
-        for option in self.sbatch:
-            require(option.startswith("-") and bool(SBATCH_WORD.fullmatch(option)),
-                    f"cluster.sbatch: {option!r} is not one sbatch option such as --constraint=a100 "
-                    f"(one word, letters, digits and _.,:@%+=/- only)")
-        for line in self.setup:
-            require("\n" not in line and "\r" not in line,
-                    f"cluster.setup: {line!r} spans several lines; give one list item per line")
 
 
 def quoted(values: list[str]) -> str:

@@ -4,9 +4,10 @@ better too but needs more seeds to show it (tests/test_adaptive.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from common.metrics import MetricSpec
+from config.evals import declare_evaluation
+from config.run import JobConfig
 from jobs.contract import JobResult, Progress
 from jobs.evals import evaluation
 
@@ -15,7 +16,10 @@ LIDAS = [0.1, -0.2, 0.05, 0.15, -0.1, 0.0, 0.2, -0.05]  # lidas is 10 better, gi
 NOISE = [0.01, -0.02, 0.015, 0.0, -0.01, 0.02, -0.015, 0.005]
 
 
-@evaluation("planted", title="Planted effect", data=(), metrics={"planted_score": MetricSpec("planted score", higher_is_better=True)})
-def planted(cfg: Any, run_dir: Path, progress: Progress) -> JobResult:
+declare_evaluation("planted", data=())
+
+
+@evaluation("planted", title="Planted effect", metrics={"planted_score": MetricSpec("planted score", higher_is_better=True)})
+def planted(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     base = {"dense": 0.0, "lidas": 10.0 + LIDAS[cfg.seed], "looped": LOOPED[cfg.seed]}[cfg.family.name]
     return JobResult(metrics={"planted_score": base + NOISE[cfg.seed]})

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from common.settings import require, setting
 
+if TYPE_CHECKING:
+    from config.run import JobConfig
 
-@dataclass
+
+@dataclass(frozen=True)
 class Resources:
     cpus: int = setting(gt=0)
     gpus: float = setting(ge=0)
@@ -20,7 +23,7 @@ class Resources:
         return max(1, int(self.gpus))
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainResources(Resources):
     nodes: int = setting(ge=1)
 
@@ -29,7 +32,7 @@ class TrainResources(Resources):
         """Training ranks of a run: nodes x processes per node."""
         return self.nodes * self.procs_per_node
 
-    def check(self, run: Any) -> None:
+    def check(self, run: JobConfig) -> None:
         require(self.gpus <= 1 or float(self.gpus).is_integer(),
                 f"resources.gpus={self.gpus:g}: more than one GPU per node must be a whole number "
                 f"(one training process per GPU)")

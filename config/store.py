@@ -1,4 +1,4 @@
-"""The store's settings in the run config; the store itself is the `store` package."""
+"""store: where the runs' files live (conf/config.yaml); not part of the run id."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from common.settings import setting
 
 
-@dataclass
+@dataclass(frozen=True)
 class StoreConfig:
     root: str = setting()  # a directory; on a cluster, on the filesystem every node shares
     # What a run keeps of its checkpoints once every job of it is done (training keeps its last two
