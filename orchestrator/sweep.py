@@ -21,13 +21,12 @@ from typing import Any, Optional
 from rich.console import Console
 
 import analysis
-from common.atomic import write_json
 from common.settings import ConfigError, from_dict, known_part, to_dict
 from config.tracker import TrackerConfig
 from jobs.backends import backend_of
 from jobs.evals import EVALUATIONS
 from jobs.flops import flop_ratio
-from orchestrator import grid, index, tracking
+from orchestrator import grid, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, executor_of, recorded_executor
 from orchestrator.identity import configs_record, run_id, settings_digest
@@ -35,6 +34,7 @@ from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_te
 from orchestrator.status import LISTED
 from orchestrator.upgrade import upgrade
 from orchestrator.worker import execute
+from store import index
 from store.layout import STATE
 from store.store import DONE, FAILED, Store, StoreError
 
