@@ -220,7 +220,7 @@ def _sections(analysis: Analysis) -> list[str]:
     named += [spec.section or OTHER_SECTION for name, spec in analysis.curve_specs.items()
               if spec.kind != "data" and not analysis.curves.get(name, pd.DataFrame()).empty]
     primary = [analysis.spec_of(m).section or OTHER_SECTION for m in metrics(analysis)
-               if m in analysis.options.primary_metrics]
+               if m in analysis.primary_metrics]
     return list(dict.fromkeys([*primary, *sorted(set(named))]))
 
 
@@ -250,7 +250,7 @@ def _section(analysis: Analysis, title: str, figures: list[Plot]) -> list[str]:
             continue
         block = [*_metric_section(analysis, metric), *_comparison_block(analysis, metric, failing)]
         heading = _metric_title(analysis, metric)
-        if metric in analysis.options.primary_metrics:
+        if metric in analysis.primary_metrics:
             lines += [f"### {heading}", "", *block, ""]
         else:
             lines += _details(html.escape(heading).replace("`", "<code>", 1).replace("`", "</code>", 1), block)

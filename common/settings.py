@@ -26,7 +26,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -146,7 +146,7 @@ def defaults(cls: type) -> dict[str, Any]:
     return out
 
 
-def typed_node(root: type, raw: Any) -> DictConfig:
+def typed_node(root: type[Any], raw: Any) -> DictConfig:
     """`raw` (a composed DictConfig or a dict) merged into the structured schema of `root`, each
     section as the class `root.section_types(raw)` chooses for it: keys and types are checked
     (OmegaConf raises on an unknown key or a value of the wrong type), and stay checked for
@@ -154,7 +154,7 @@ def typed_node(root: type, raw: Any) -> DictConfig:
     node = OmegaConf.structured(root)
     for key, cls in root.section_types(raw).items():
         node[key] = OmegaConf.structured(cls)
-    return OmegaConf.merge(node, raw)
+    return cast(DictConfig, OmegaConf.merge(node, raw))  # merged into a DictConfig, a DictConfig
 
 
 def from_dict(root: type, raw: Any) -> Any:

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, cast
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -129,9 +129,10 @@ class _Grid:
         parsed = [self.parsed[o] for o in overrides]
         # An added or deleted key must meet the schema after Hydra: such a point is composed whole.
         whole = any(o.is_add() or o.is_force_add() or o.is_delete() for o in parsed)
-        is_value = [not whole and _is_value_override(o, self.loader.repository) for o in parsed]
+        repository = self.loader.repository  # type: ignore[attr-defined]  # Hydra's ConfigLoaderImpl has one
+        is_value = [not whole and _is_value_override(o, repository) for o in parsed]
         values = [o for o, v in zip(parsed, is_value) if v]
-        choices = tuple(o.input_line for o, v in zip(parsed, is_value) if not v)
+        choices = tuple(cast(str, o.input_line) for o, v in zip(parsed, is_value) if not v)  # parsed from a line
         if choices not in self.bases:
             self.bases[choices] = _typed(_composed(list(choices), overrides))
         node = copy.deepcopy(self.bases[choices])
@@ -229,7 +230,7 @@ def _finished(node: DictConfig) -> RunConfig:
                 f"{key}: its kind changed by a value override; choose it with the config group "
                 f"({key}=<option>), not with a key inside it")
     try:
-        run: RunConfig = OmegaConf.to_object(node)
+        run = cast(RunConfig, OmegaConf.to_object(node))  # the structured node of RunConfig
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key}: missing; set it in conf/ or on the command line "
                           f"({e.full_key}=<value>)") from None

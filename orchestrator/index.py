@@ -105,6 +105,7 @@ class Journal:
         try:
             if self.path is None or self.pid != os.getpid():  # a forked child writes its own
                 self._create()
+            assert self.path is not None  # _create() opened it
             append_line(self.path, line)
         except OSError as e:
             log.warning("index journal %s: %s; the index catches up from state.json", self.path, e)

@@ -356,9 +356,9 @@ class Store:
         """Append one submitted Slurm job of the sweep (id, kind, script; orchestrator/executors/slurm_tools.py)."""
         return self._change_sweep(name, lambda sweep: {**sweep, "slurm_jobs": [*sweep.get("slurm_jobs", []), job]})
 
-    def _change_sweep(self, name: str, change: Callable[[Optional[dict]], dict]) -> dict:
+    def _change_sweep(self, name: str, change: Callable[[Any], dict]) -> dict:
         """Read, change and write sweep.yaml under the sweep's flock, so that two drivers
-        extending one sweep at once both land."""
+        extending one sweep at once both land. `change` gets None when there is no sweep.yaml yet."""
         path = self.sweep_dir(name) / "sweep.yaml"
         os.makedirs(path.parent, exist_ok=True)
         with _flock(os.fspath(path.parent / ".lock"), wait=True):

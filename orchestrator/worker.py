@@ -82,9 +82,10 @@ def execute(job: str, run_id: str, store_root: str, cfg: Any, *after: Any,
         spec = get_job(job)
         try:
             if processes_of(cfg, job) == (1, 1) and not (job == "train" and cfg.backend.launches_ranks):
-                result = spec.fn(cfg, run_dir, progress)
+                result: Optional[JobResult] = spec.fn(cfg, run_dir, progress)
             else:
                 result = _multi_process(job, cfg, run_dir, run_id, rendezvous, progress)
+            assert result is not None  # node rank 0 (other ranks returned above) gets the job's result
             specs, curve_specs = spec.specs_of(result)
             # A job shorter than a second is cheaper to redo after a power cut than two fsyncs
             # (a lost write reads as a stale or unreadable file, and the job reruns).

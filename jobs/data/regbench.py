@@ -66,7 +66,7 @@ class DataWarmupConfig:
     transitions_per_state: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
     string_length: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
 
-    def ranges(self) -> dict[str, tuple[int, int]]:
+    def ranges(self) -> dict[str, Any]:  # (low, high) per field, typed Any: they are **kwargs of replace()
         """The ranges it replaces, by RegBenchConfig field."""
         return {name: tuple(value) for name in ("num_states", "alphabet_size", "transitions_per_state",
                                                  "string_length") if (value := getattr(self, name)) is not None}
@@ -117,10 +117,9 @@ class RegBenchDataConfig(DataConfig):
                 f"data.train_sequences={self.train_sequences}: backend={run.backend.name} trains on "
                 f"its own dataset, not on data.*; drop data.train_sequences or use backend=torch")
         if self.warmup is not None:
-            self._check_warmup(run)
+            self._check_warmup(run, self.warmup)
 
-    def _check_warmup(self, run: Any) -> None:
-        warmup = self.warmup
+    def _check_warmup(self, run: Any, warmup: DataWarmupConfig) -> None:
         require(warmup.steps < run.train.steps,
                 f"data.warmup.steps={warmup.steps}: must be fewer than train.steps={run.train.steps}, "
                 f"or the regime itself is never trained on")
@@ -399,6 +398,7 @@ class TrainStream:
         """``(inputs, targets)`` LongTensors ``[B, seq_len]``; targets are -100 where the next
         token is a separator or pad, so the model never learns to predict ``|``."""
         cfg, tables = (self.warmup_cfg, self._warmup()) if step < self.warmup_steps else (self.cfg, self.tables)
+        assert cfg is not None  # warmup_cfg is set whenever warmup_steps > 0
         rng = np.random.default_rng([self.cfg.seed, _TRAIN_STRINGS, self.seed, int(step)])
         tokens, _ = _instances(tables, rng.integers(cfg.train_automata, size=self.batch_size), cfg, rng)
         return inputs_and_targets(tokens)
@@ -454,6 +454,7 @@ class Validation:
         """Validate after the step that completes a pass over the training set (the reference
         validates once per epoch), and after the last step."""
         n, b = self.cfg.train_sequences, self.batch_size
+        assert n is not None  # a validation split exists only with a fixed training set
         return steps_done == total_steps or (steps_done * b) // n > ((steps_done - 1) * b) // n
 
     def batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -472,11 +473,13 @@ class FixedSetStream:
         self.validation = Validation(self.cfg, self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
+        assert self.cfg.train_sequences is not None  # the stream of a fixed training set
         return np.random.default_rng([self.cfg.seed, _TRAIN_ORDER, self.seed, int(epoch)]).permutation(
             self.cfg.train_sequences)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = np.arange(int(step) * self.batch_size, (int(step) + 1) * self.batch_size)
+        assert self.cfg.train_sequences is not None  # the stream of a fixed training set
         epoch, index = np.divmod(rows, self.cfg.train_sequences)
         picked = np.empty_like(rows)
         for e in np.unique(epoch):

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from common.metrics import CurveSpec, MetricSpec
 from common.registry import Registry
@@ -51,6 +51,10 @@ class EvalSection:
     per evaluation that has them, added by `eval_config` from the registry."""
     jobs: list[str] = setting()
     resources: Resources = section(Resources)
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any:
+            """The settings section of an evaluation (a field `eval_config` adds), for the type checker."""
 
     def check(self, run: Any) -> None:
         kind = run.data.kind

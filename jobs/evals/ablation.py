@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -34,6 +34,7 @@ from common.metrics import CurveSpec, MetricSpec
 from common.settings import setting
 from jobs.contract import JobResult, Progress
 from jobs.data.fewshot import TASKS, suite, task_f1
+from jobs.data.regbench import RegBenchDataConfig
 from jobs.evals import evaluation
 from jobs.evals.induction import head_table, repeated_sequences, top_heads
 from jobs.evals.regbench import evaluate
@@ -99,7 +100,9 @@ class Suite:
         scores = {task.name: task_f1(self.model, task) for task in self.tasks}
         weights = {name: np.full(len(value), 1 / len(value)) for name, value in scores.items()}
         device = next(self.model.parameters()).device
-        held_out = evaluate(self.cfg.data, self.cfg.eval.regbench, lambda inputs: self.model(inputs.to(device)))
+        data = cast(RegBenchDataConfig, self.cfg.data)  # data=("regbench",): planning refused any other kind
+        held_out = evaluate(data, self.cfg.eval.regbench, lambda inputs: self.model(inputs.to(device)))
+        assert held_out.items is not None  # evaluate returns its per-item scores
         acc = held_out.items[held_out.items["metric"] == REGBENCH_TASK]
         scores[REGBENCH_TASK] = acc["score"].to_numpy()
         weights[REGBENCH_TASK] = acc["weight"].to_numpy() / acc["weight"].sum()

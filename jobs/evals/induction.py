@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -26,10 +26,10 @@ import torch
 from common.metrics import CurveSpec, MetricSpec
 from common.settings import require, setting
 from jobs.contract import JobResult, Progress
-from jobs.data.regbench import N_SYMBOLS, SEP, heldout_walks
+from jobs.data.regbench import N_SYMBOLS, SEP, RegBenchDataConfig, heldout_walks
 from jobs.evals import evaluation
 from jobs.interp import attention_patterns, induction_scores, induction_targets
-from jobs.model import Decoder
+from jobs.model import Block, Decoder
 
 if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
     from jobs.config import JobConfig
@@ -96,7 +96,8 @@ def repeated_sequences(n: int, length: int, seed: int) -> torch.Tensor:
 def in_distribution_sequences(cfg: JobConfig, n: int, length: int, seed: int) -> torch.Tensor:
     """[n, 2 * length + 2] token ids: ``|`` s ``|`` s, s a random walk of `length` symbols of
     held-out automaton i (symbols repeat, as in the data)."""
-    s = heldout_walks(cfg.data, n, length, np.random.default_rng([seed, 6]))
+    data = cast(RegBenchDataConfig, cfg.data)  # data=("regbench",): planning refused any other kind
+    s = heldout_walks(data, n, length, np.random.default_rng([seed, 6]))
     sep = np.full((n, 1), SEP)
     return torch.from_numpy(np.concatenate([sep, s, sep, s], axis=1))
 
@@ -161,7 +162,7 @@ def concentration_test(groups: np.ndarray, chosen: np.ndarray, m: int, seed: int
 
 def score(model: Decoder, cfg: JobConfig) -> JobResult:
     settings = cfg.eval.induction
-    k = min(settings.top_k, len(model.plan) * model.layers[0].attn.n_heads)
+    k = min(settings.top_k, len(model.plan) * cast(Block, model.layers[0]).attn.n_heads)
     tokens = repeated_sequences(settings.sequences, settings.length, cfg.seed)
     table = head_table(model, tokens)
     top = top_heads(table, k)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -29,7 +29,8 @@ import torch
 from common.metrics import CurveSpec, MetricSpec
 from common.settings import setting
 from jobs.contract import JobResult, Progress
-from jobs.data.regbench import N_SYMBOLS, PAD, SEP, VOCAB, DataSpec, EvalSet, RegBenchConfig, heldout_set
+from jobs.data.regbench import (N_SYMBOLS, PAD, SEP, VOCAB, DataSpec, EvalSet, RegBenchConfig, RegBenchDataConfig,
+                                heldout_set)
 from jobs.evals import evaluation
 
 if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that define the sections
@@ -305,4 +306,5 @@ def regbench(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's evaluated checkpoint (backend.load_model) on the held-out automata."""
     model = cfg.backend.load_model(cfg, run_dir)
     device = next(model.parameters()).device
-    return evaluate(cfg.data, cfg.eval.regbench, lambda inputs: model(inputs.to(device)))
+    data = cast(RegBenchDataConfig, cfg.data)  # data=("regbench",): planning refused any other kind
+    return evaluate(data, cfg.eval.regbench, lambda inputs: model(inputs.to(device)))

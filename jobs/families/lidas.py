@@ -24,6 +24,12 @@ class GrowthConfig:
     alpha: float = setting(ge=0)
     optimizer_state: str = setting(choices=("copy", "reset"))  # copy: new layers take their source's AdamW moments
 
+    @property
+    def block(self) -> int:
+        """block_layers once `LidasConfig.derive` has filled in the null."""
+        assert self.block_layers is not None, "family.growth.block_layers is read before derive()"
+        return self.block_layers
+
 
 def growth_window(n_layers: int, block: int) -> slice:
     """The block_layers layers centred on the middle: the ones a LIDAS step duplicates."""
@@ -49,7 +55,7 @@ class LidasConfig(FamilyConfig):
             self.growth.block_layers = run.model.block_size
 
     def check(self, run: Any) -> None:
-        b, n0, n = self.growth.block_layers, self.growth.initial_blocks, run.model.n_layers
+        b, n0, n = self.growth.block, self.growth.initial_blocks, run.model.n_layers
         require(n % b == 0, f"family.growth.block_layers={b}: must divide model.n_layers={n}")
         require(n0 < n // b, f"family.growth.initial_blocks={n0}: the schedule does not grow (final "
                 f"depth {n} = {n // b} blocks of {b}); use fewer initial blocks")
@@ -58,14 +64,14 @@ class LidasConfig(FamilyConfig):
                 f"growth stages; raise train.steps")
 
     def layer_plan(self, model: ModelConfig, ancestors: Optional[list[int]] = None) -> tuple[int, list[int]]:
-        n = len(ancestors) if ancestors is not None else self.growth.initial_blocks * self.growth.block_layers
+        n = len(ancestors) if ancestors is not None else self.growth.initial_blocks * self.growth.block
         return n, list(range(n))
 
     def stages(self, model: ModelConfig, steps: int) -> list[Stage]:
         """Stage i (i blocks) gets a share of the steps proportional to i**alpha. Boundaries are
         the rounded cumulative shares, so the lengths add up to `steps` exactly; each stage
         keeps at least one step."""
-        block, n_layers = self.growth.block_layers, model.n_layers
+        block, n_layers = self.growth.block, model.n_layers
         if n_layers % block or not 1 <= self.growth.initial_blocks <= n_layers // block:
             raise ValueError(f"n_layers={n_layers} is not a whole number of blocks above initial_blocks")
         blocks = range(self.growth.initial_blocks, n_layers // block + 1)
@@ -89,7 +95,7 @@ class LidasConfig(FamilyConfig):
         With optimizer_state "copy" the copies get clones of their sources' AdamW moments and
         step count, so both continue like the source did; "reset" starts them fresh. Returns the
         new optimizer; its parameter order equals a freshly built model's."""
-        block, layers = self.growth.block_layers, list(model.layers)
+        block, layers = self.growth.block, list(model.layers)
         window, sources = growth_window(len(layers), block), growth_sources(len(layers), block)
         copies = [copy.deepcopy(layer) for layer in layers[window]]
         model.layers = nn.ModuleList(layers[: window.stop] + copies + layers[window.stop :])
@@ -111,5 +117,5 @@ class LidasConfig(FamilyConfig):
         """The growth operator applied stage by stage from the initial layers."""
         ancestors = list(range(self.stages(model, steps)[0].n_layers))
         while len(ancestors) < n_layers:
-            ancestors = [ancestors[i] for i in growth_sources(len(ancestors), self.growth.block_layers)]
+            ancestors = [ancestors[i] for i in growth_sources(len(ancestors), self.growth.block)]
         return ancestors

@@ -20,6 +20,13 @@ class LoopConfig:
     loops: Optional[int] = setting()
     coda_layers: Optional[int] = setting(ge=0)
 
+    def counts(self) -> tuple[int, int, int, int]:
+        """(prelude, block, loops, coda) once `LoopedConfig.derive` has filled in the nulls."""
+        prelude, block, loops, coda = self.prelude_layers, self.block_layers, self.loops, self.coda_layers
+        assert prelude is not None and block is not None and loops is not None and coda is not None, \
+            "family.loop is read before derive()"
+        return prelude, block, loops, coda
+
 
 @FAMILIES.register("looped")
 @dataclass
@@ -36,8 +43,7 @@ class LoopedConfig(FamilyConfig):
             lp.loops = (model.n_layers - lp.prelude_layers - lp.coda_layers) // lp.block_layers
 
     def check(self, run: Any) -> None:
-        e, k, r, dd, n = (self.loop.prelude_layers, self.loop.block_layers, self.loop.loops,
-                          self.loop.coda_layers, run.model.n_layers)
+        (e, k, r, dd), n = self.loop.counts(), run.model.n_layers
         require(k + e + dd <= n, f"family.loop.block_layers={k}: block plus prelude and coda "
                 f"({k + e + dd} layers) exceed model.n_layers={n}")
         require(r >= 2, f"family.loop.loops={r}: a looped model needs loops >= 2 (set "
@@ -47,7 +53,7 @@ class LoopedConfig(FamilyConfig):
                 f"FLOPs as dense)")
 
     def layer_plan(self, model: ModelConfig, ancestors: Optional[list[int]] = None) -> tuple[int, list[int]]:
-        prelude, block, coda = self.loop.prelude_layers, self.loop.block_layers, self.loop.coda_layers
-        plan = (list(range(prelude)) + list(range(prelude, prelude + block)) * self.loop.loops
+        prelude, block, loops, coda = self.loop.counts()
+        plan = (list(range(prelude)) + list(range(prelude, prelude + block)) * loops
                 + list(range(prelude + block, prelude + block + coda)))
         return prelude + block + coda, plan

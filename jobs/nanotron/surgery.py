@@ -55,7 +55,7 @@ def grow_checkpoint(cfg: JobConfig, source: Path, target: Path, config_yaml: Opt
     step_dir = Path(source) / str(step)
     if not isinstance(cfg.family, LidasConfig):
         raise CheckpointError(f"family={cfg.family.name} does not grow; only lidas runs have stages to grow between")
-    block = cfg.family.growth.block_layers
+    block = cfg.family.growth.block
     tensors = read_tensors(step_dir / "model")
     n_old = sum(1 for name in tensors if name.endswith("input_layernorm.weight"))
     grown = grow_tensors(tensors, block)

@@ -45,7 +45,7 @@ def parse_iteration(line: str) -> Optional[dict]:
     m = ITERATION.search(line)
     if not m:
         return None
-    row = {"step": int(m.group(1))}
+    row: dict[str, float] = {"step": int(m.group(1))}
     for name, number, suffix in FIELD.findall(m.group(3)):
         row[name] = float(number) * SCALE[suffix]
     return row

@@ -227,7 +227,7 @@ class Feed:
     def submit(self, r: PlannedRun) -> None:
         train_ref, text = None, self.texts(r.config)
         for job in r.todo:
-            after = [train_ref] if train_ref is not None else []
+            after: list[Any] = [train_ref] if train_ref is not None else []  # Ray object refs
             fn = self.coordinate if multi_node(r.config, job) else self.remote
             ref = fn.options(**job_resources(r.config, job), max_retries=r.config.train.max_retries,
                              retry_exceptions=True, name=f"{r.label}:{job}").remote(
