@@ -138,8 +138,8 @@ def defaults(cls: type) -> dict[str, Any]:
     nested sections as dicts."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            value = f.default_factory()  # type: ignore[misc]
+        if f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
             out[f.name] = defaults(type(value)) if dataclasses.is_dataclass(value) else value
         elif f.default is not dataclasses.MISSING and f.default is not MISSING:
             out[f.name] = f.default
