@@ -8,8 +8,8 @@ import pandas as pd
 from analysis.compute import Analysis, confirmatory_rows, family_size, in_report_order, primary
 from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
 from analysis.stats import BOOT_NOMINAL_N, BOOT_RELIABLE_N, DECIDED, SEEDS_MAX, p_min_mannwhitney, p_min_signflip
-from analysis.text import (LISTED_RUNS, has, have, margins, md_table, num, seeds_needed_text, seeds_text, text, unlisted,
-                           where)
+from analysis.text import (LISTED_RUNS, has, have, margins, md_table, num, seeds_needed_text, seeds_text, text,
+                           unlisted, where)
 
 
 def setup_section(analysis: Analysis) -> list[str]:

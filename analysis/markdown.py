@@ -231,7 +231,8 @@ def _comparison_block(analysis: Analysis, metric: str, failing: set[tuple[str, s
     kind = "confirmatory, Holm" if rows["correction"].iloc[0] == "holm" else "exploratory, Benjamini-Hochberg"
     return ["", f"**{analysis.label(metric)} against {analysis.options.baseline}** ({kind}):", "",
             *_comparison_table(analysis, rows), "",
-            *_details("Each comparison in words", [f"- {_sentence(row, analysis, failing)}" for _, row in rows.iterrows()])]
+            *_details("Each comparison in words",
+                      [f"- {_sentence(row, analysis, failing)}" for _, row in rows.iterrows()])]
 
 
 def _details(summary: str, lines: list[str]) -> list[str]:

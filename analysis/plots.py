@@ -263,7 +263,8 @@ def loss_curves(history: pd.DataFrame, families: Sequence[str]) -> Figure | None
         row[0].set_ylabel("training loss (per batch)")
         for ax, label in zip(row, x_axes.values()):
             ax.set(title=f"{group}: against {label.split(' (')[0]}", xlabel=label)
-    handles: list[Artist] = [Line2D([], [], color=colours[f], linewidth=1.6, label=f) for f in _present(families, history)]
+    handles: list[Artist] = [Line2D([], [], color=colours[f], linewidth=1.6, label=f)
+                             for f in _present(families, history)]
     handles += [Patch(color="0.5", alpha=0.25, label=f"band: {BAND}"),
                 Line2D([], [], marker="^", color="0.5", markeredgecolor="black", linestyle="",
                        label="depth grown (layers added)")]

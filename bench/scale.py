@@ -33,7 +33,6 @@ docs/performance/scale.md, which docs/performance.md includes).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -45,7 +44,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 from unittest import mock
 
 from rich.console import Console

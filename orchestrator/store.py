@@ -35,7 +35,6 @@ do, and the next sweep reruns them (training resumes from the newest sound check
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import fcntl
 import os

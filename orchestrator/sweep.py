@@ -96,7 +96,8 @@ class Sweep:
         if len(runs) > LISTED:  # nobody reads 100,000 lines: the rest by family and size
             groups = Counter((r.config.family.name, r.config.model.name, r.cached) for r in runs[LISTED:])
             self.console.print(f"... and {len(runs) - LISTED} more runs: " + ", ".join(
-                f"{family} {size} {n} {'cached' if cached else 'new'}" for (family, size, cached), n in sorted(groups.items())),
+                f"{family} {size} {n} {'cached' if cached else 'new'}"
+                for (family, size, cached), n in sorted(groups.items())),
                 markup=False, soft_wrap=True)
         cluster = self.configs[0].cluster
         if any(r.config.resources.gpus > 0 for r in new):
@@ -220,7 +221,8 @@ def report(store: Store, name: str, console: Console, tracker: Optional[tracking
         return 1
     upgraded = upgrade(store)  # rewrites metrics.json of format 1: the analysis reads them anew
     if outdated := _outdated(store, name, states):
-        console.print(f"warning: sweep {name}: results of {', '.join(f'{job} ({n} runs)' for job, n in outdated.items())} "
+        outdated_jobs = ', '.join(f'{job} ({n} runs)' for job, n in outdated.items())
+        console.print(f"warning: sweep {name}: results of {outdated_jobs} "
                       f"were recorded by an earlier revision of the evaluation or with other settings, and are "
                       f"reported as recorded; run the sweep again (the same command) to evaluate them anew on "
                       f"the existing checkpoints (nothing retrains)", markup=False, soft_wrap=True)

@@ -164,7 +164,6 @@ def test_run_ids_of_format_1_are_kept():
 
 def test_adding_an_evaluation_does_not_change_run_ids(monkeypatch):
     """An evaluation registered later is not part of the id: its settings are recorded with it."""
-    from jobs.evals import eval_config
     from orchestrator.identity import semantic_config
 
     with hydra_session():

@@ -163,8 +163,8 @@ def score(model: Decoder, cfg: JobConfig) -> JobResult:
 
 # Revision 2: the held-out TVD is the paper's (jobs/evals/regbench.py) and the held-out accuracy
 # task is scored at the reference code's positions.
-@evaluation("ablation", title="Head ablation", metrics=METRICS, curves=CURVES, data=("regbench",), settings=AblationSettings,
-            revision=2)
+@evaluation("ablation", title="Head ablation", metrics=METRICS, curves=CURVES, data=("regbench",),
+            settings=AblationSettings, revision=2)
 def ablation(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the final checkpoint, clean and with heads ablated."""
     return score(cfg.backend.load_model(cfg, run_dir), cfg)

@@ -140,7 +140,8 @@ def evaluate(model: Decoder, data: Mapping[str, list[gsm8k.Problem]], settings: 
     return JobResult(metrics=metrics, items=items)
 
 
-@evaluation("gsm8k", title="GSM8K: grade-school arithmetic, 8-shot", metrics=METRICS, data=("arith",), settings=Gsm8kSettings)
+@evaluation("gsm8k", title="GSM8K: grade-school arithmetic, 8-shot", metrics=METRICS, data=("arith",),
+            settings=Gsm8kSettings)
 def gsm8k_job(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's final checkpoint, n_shots-shot exact match."""
     model = cfg.backend.load_model(cfg, run_dir)

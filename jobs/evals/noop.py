@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # type hints only: jobs.config imports the packages that defi
     from jobs.config import JobConfig
 
 
-@evaluation("noop", title="No-op (scheduling overhead)", metrics={"noop": MetricSpec("no-op", higher_is_better=True)}, data=())
+@evaluation("noop", title="No-op (scheduling overhead)", metrics={"noop": MetricSpec("no-op", higher_is_better=True)},
+            data=())
 def noop(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     return JobResult(metrics={"noop": 1.0})

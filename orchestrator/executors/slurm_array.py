@@ -64,7 +64,8 @@ class SlurmArrayExecutor(SlurmExecutor):
 
     def request(self, runs: list[PlannedRun]) -> Request:
         cpus, mem, gpus = task_resources([r.config for r in runs if r.todo] or [r.config for r in runs])
-        return Request(1, cpus, mem, gpus, {"nodes": "resources.nodes", "cpus": "resources.cpus (or eval.resources.cpus)",
+        return Request(1, cpus, mem, gpus, {"nodes": "resources.nodes",
+                                            "cpus": "resources.cpus (or eval.resources.cpus)",
                                             "mem_gb": "resources.memory_gb (or eval.resources.memory_gb)",
                                             "gpus": "resources.gpus (or eval.resources.gpus)"})
 
