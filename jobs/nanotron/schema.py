@@ -8,7 +8,7 @@ types each one, refuses unknown and missing keys, and checks what nanotron check
 (dp x tp x pp = world size) or not at all (the optimizer's name against its settings), so a bad
 render fails here, on a CPU, before any GPU job is queued, with the key in the message. Field
 names follow nanotron's own dataclasses (src/nanotron/config/{config,models_config,
-parallelism_config}.py). tests/test_nanotron_loader.py runs nanotron's own loader on every
+parallelism_config}.py). tests/e2e/test_nanotron_loader.py runs nanotron's own loader on every
 rendered stage and on mutated ones: this schema never accepts what nanotron refuses, and each
 thing it refuses that nanotron's loader accepts is listed there with the reason.
 """
@@ -30,7 +30,7 @@ INSTALL_LINE = (f"git clone https://github.com/huggingface/nanotron && git -C na
 # rendered here). Caution: at the pinned commit, Qwen2Attention.forward takes the packed-qkv path
 # (_use_qkv_packed, default true; the other branch is commented out) and calls
 # flash_attn_varlen_kvpacked_func whatever this says, so sdpa does not make nanotron run without
-# flash-attn there (tests/test_nanotron_checkpoints.py pins this fact).
+# flash-attn there (tests/e2e/test_nanotron_checkpoints.py pins this fact).
 ATTN_IMPLEMENTATIONS = ("flash_attention_2", "sdpa", "flex_attention")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
 

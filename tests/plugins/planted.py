@@ -1,6 +1,6 @@
 """An evaluation whose result is planted by family and seed, so that a real adaptive sweep's
 statistics have a known outcome: lidas is far better than dense from the first look, looped is
-better too but needs more seeds to show it (tests/test_adaptive.py)."""
+better too but needs more seeds to show it (tests/e2e/test_adaptive.py)."""
 from __future__ import annotations
 
 from pathlib import Path

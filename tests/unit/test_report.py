@@ -570,7 +570,7 @@ def test_report_is_the_one_written_before_the_store_index_and_the_summarised_tab
     faster readers (the configs file, the loader's single pass, the summarised run tables) wrote it
     (tests/data/report_before_scale, written by commit 683327b)."""
     report = write_report(request.getfixturevalue(fixture), name).read_text()
-    assert report == (Path(__file__).parent / "data" / "report_before_scale" / f"{fixture}.md").read_text()
+    assert report == (Path(__file__).parent.parent / "data" / "report_before_scale" / f"{fixture}.md").read_text()
 
 
 def test_run_files_handed_over_are_not_read_again_and_give_the_same_report(store, monkeypatch):

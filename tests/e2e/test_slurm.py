@@ -19,7 +19,7 @@ from orchestrator.executors.slurm_tools import active
 from orchestrator.cli import main
 from orchestrator.store import DONE, Store
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # The jobs find this interpreter's environment (the checkout's .venv under `make test`).
 SETUP = f'cluster.setup=["export PATH={Path(sys.executable).parent}:$PATH"]'
 MICRO = ["size=micro", "tracker.enabled=false", "eval.jobs=[regbench]", "cluster.time=00:10:00", SETUP]

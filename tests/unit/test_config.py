@@ -20,7 +20,7 @@ from orchestrator.config import (CONF_DIR, ConfigError, RunConfig, apply_value_o
 from orchestrator.executors import CLUSTERS
 from orchestrator.identity import run_id, semantic_config
 
-FORMAT1 = Path(__file__).parent / "data" / "format1_configs.json"
+FORMAT1 = Path(__file__).parent.parent / "data" / "format1_configs.json"
 
 
 def expand(*overrides):

@@ -1,7 +1,5 @@
-"""The results store: atomic files, claims between processes, sweeps as growing sets."""
+"""The results store: atomic files, run states, sweeps as growing sets."""
 import json
-import multiprocessing as mp
-import time
 
 import pytest
 
@@ -45,27 +43,6 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     write_json(tmp_path / "a.json", {"x": 2})
     assert json.loads((tmp_path / "a.json").read_text()) == {"x": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
-
-
-def _hold(root, seconds, ready):
-    with Store(root).claim("r1"):
-        ready.set()
-        time.sleep(seconds)
-
-
-def test_claim_is_exclusive_across_processes_and_freed_on_death(tmp_path):
-    ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    p = ctx.Process(target=_hold, args=(str(tmp_path), 30, ready))
-    p.start()
-    assert ready.wait(30)
-    s = Store(tmp_path)
-    assert s.is_claimed("r1")
-    with s.claim("r1", wait=False) as got:
-        assert not got
-    p.kill()  # the kernel releases the flock of a killed process
-    p.join()
-    assert not s.is_claimed("r1")
 
 
 def test_sweep_is_a_growing_set_of_runs(tmp_path):
