@@ -247,7 +247,8 @@ def test_status_says_why_a_job_pends_in_plain_words(slurm_cluster, tmp_path, cap
     script = tmp_path / "big.sbatch"
     script.write_text("#!/bin/bash\n#SBATCH --cpus-per-task=8\n#SBATCH --time=00:01:00\n"
                       f"#SBATCH --output={tmp_path}/%j.out\ntrue\n")
-    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                         check=True).stdout.strip()
     try:
         store = Store(tmp_path / "store")
         store.create()

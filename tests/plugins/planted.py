@@ -15,7 +15,8 @@ LIDAS = [0.1, -0.2, 0.05, 0.15, -0.1, 0.0, 0.2, -0.05]  # lidas is 10 better, gi
 NOISE = [0.01, -0.02, 0.015, 0.0, -0.01, 0.02, -0.015, 0.005]
 
 
-@evaluation("planted", title="Planted effect", data=(), metrics={"planted_score": MetricSpec("planted score", higher_is_better=True)})
+@evaluation("planted", title="Planted effect", data=(),
+            metrics={"planted_score": MetricSpec("planted score", higher_is_better=True)})
 def planted(cfg: Any, run_dir: Path, progress: Progress) -> JobResult:
     base = {"dense": 0.0, "lidas": 10.0 + LIDAS[cfg.seed], "looped": LOOPED[cfg.seed]}[cfg.family.name]
     return JobResult(metrics={"planted_score": base + NOISE[cfg.seed]})

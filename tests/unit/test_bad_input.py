@@ -8,21 +8,23 @@ import pytest
 from orchestrator import config
 from orchestrator.cli import main
 from orchestrator.store import FORMAT_VERSION, Store, write_json
+from test_config import EVALUATION_NAMES, FAMILY_NAMES, SIZE_NAMES
 
 MICRO = ["size=micro", "family=dense", "seed=0"]
 
 # (argv, exit code, text the single error line must contain); {store} is the populated store.
 CASES = [
     # group choices, keys and types
-    (["sweep", "family=foo"], 2, "family=foo: no such family; choose one of: dense, lidas, looped"),
-    (["sweep", "size=huge"], 2, "size=huge: no such size; choose one of: 1b7, 360m, 3b, micro"),
+    (["sweep", "family=foo"], 2, f"family=foo: no such family; choose one of: {FAMILY_NAMES}"),
+    (["sweep", "size=huge"], 2, f"size=huge: no such size; choose one of: {SIZE_NAMES}"),
     (["sweep", "family=[]"], 2, "family=[]: a list of family options; choose one"),
     (["sweep", "model=foo"], 2, "model: is a config section, not a str; set one of its keys"),
     (["sweep", "train.stepz=3"], 2, "train.stepz: unknown key; check the spelling"),
     (["sweep", "+train.stepz=3"], 2, "train.stepz: unknown key; check the spelling"),
     (["sweep", "train.steps=abc"], 2, "train.steps=abc: expected integer, got 'abc'"),
     (["sweep", "train.lr=fast"], 2, "train.lr=fast: expected float, got 'fast'"),
-    (["sweep", "eval.jobs=[nope]"], 2, "eval.jobs=nope: no such evaluation (did you mean noop?); choose one of: "),
+    (["sweep", "eval.jobs=[nope]"], 2,
+     f"eval.jobs=nope: no such evaluation (did you mean noop?); choose one of: {EVALUATION_NAMES}"),
     # values the declared constraints refuse (common/settings.py): bounds, finiteness, choices
     (["sweep", "data.seed=-3"], 2, "data.seed=-3: must be a non-negative integer"),
     (["sweep", "train.lr=1e400"], 2, "train.lr=inf: must be a finite number"),

@@ -219,7 +219,8 @@ def test_a_sweep_folds_its_journals_so_status_reads_one_snapshot(tmp_path):
     index.fold(root)
     folded = index.read(root)
     assert folded.unfolded == 0 and folded.generation == 0
-    assert os.listdir(os.path.join(index.directory(root), index.JOURNAL)) == [os.path.basename(index.journal(root).path)]
+    journals = os.listdir(os.path.join(index.directory(root), index.JOURNAL))
+    assert journals == [os.path.basename(index.journal(root).path)]
     index.fold(root)  # the journals hold nothing new: no new generation
     assert index.read(root).generation == 0
     assert {rid: rec["status"] for rid, rec in folded.runs.items()} == _truth(store)

@@ -90,5 +90,6 @@ def test_dry_run_prints_valid_yaml_and_torchrun_per_stage(tmp_path, capsys):
         assert doc["model"]["model_config"]["num_hidden_layers"] == int(layers)
         assert line.startswith("CUDA_DEVICE_MAX_CONNECTIONS=1 LOCAL_WORLD_SIZE=8 ")
         assert "-m torch.distributed.run --nnodes=1 --nproc_per_node=8" in line
-        assert line.endswith(f"run_train.py --config-file {doc['checkpoints']['checkpoints_path'][:-len('checkpoints')]}config.yaml")
+        stage_dir = doc['checkpoints']['checkpoints_path'][:-len('checkpoints')]
+        assert line.endswith(f"run_train.py --config-file {stage_dir}config.yaml")
     assert not (tmp_path / "store").exists()
