@@ -1,6 +1,8 @@
 """The report's figures: drawn from a fake store, skipped without data, marks as documented, and the
 same bytes on every run."""
 
+import subprocess
+import sys
 import xml.etree.ElementTree as ElementTree
 from dataclasses import replace
 from pathlib import Path
@@ -96,6 +98,18 @@ def test_plots_of_data_that_went_away_are_removed(tmp_path):
     write_report(root, SWEEP)
     assert not (plot_dir(root) / "loss.png").exists() and not (plot_dir(root) / "loss.svg").exists()
     assert not list(plot_dir(root).glob(".*"))  # no temporary files left behind
+
+
+def test_plots_are_byte_identical_on_rerun_and_in_a_new_process(tmp_path):
+    root = fake_store(tmp_path / "store")
+    write_report(root, SWEEP)
+    first = {p.name: p.read_bytes() for p in plot_dir(root).iterdir()}
+    write_report(root, SWEEP)
+    assert {p.name: p.read_bytes() for p in plot_dir(root).iterdir()} == first
+    subprocess.run([sys.executable, "-c", f"from analysis import write_report; write_report({str(root)!r}, {SWEEP!r})"],
+                   check=True, cwd=Path(__file__).parents[2])  # the repository
+    assert {p.name: p.read_bytes() for p in plot_dir(root).iterdir()} == first
+    assert b"dc:date" not in first["forest.svg"]
 
 
 def test_single_seed_cells_are_drawn_without_intervals(tmp_path):
