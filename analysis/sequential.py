@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.stats import (BETTER, PrimaryMetrics, DECIDED, EQUIVALENT_VERDICTS, NEGLIGIBLE, WORSE, cell_keys, compare,
-                            confirmatory_metrics, holm, seeds_needed, verdict_rule)
+from analysis.stats import (BETTER, DECIDED, EQUIVALENT_VERDICTS, NEGLIGIBLE, WORSE, PrimaryMetrics, cell_keys,
+                            compare, confirmatory_metrics, holm, seeds_needed, verdict_rule)
 
 SETTLED = DECIDED  # compare's verdicts that end a comparison: better, worse, equivalent (either kind)
 FUTILE, CONTINUE, INCONCLUSIVE = "futile", "continue", "inconclusive"
