@@ -1,11 +1,12 @@
-# Two commands on a fresh machine: `make run` (demo sweep) and `make test` (whole suite).
+# Two commands on a fresh machine: `make run` (demo sweep) and `make test` (whole suite);
+# `make check` (static checks and the unit tier, about a minute) after every change.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: setup run test bench docs lock clean nanotron-env nanotron-lock
+.PHONY: setup run lint check test bench docs lock clean nanotron-env nanotron-lock
 
 setup: $(STAMP)
 
@@ -20,15 +21,26 @@ $(STAMP): pyproject.toml requirements.lock
 run: setup
 	$(PY) -m orchestrator sweep family=lidas,looped,dense seed=0,1,2
 
-# The layers first (import-linter's contracts in pyproject.toml), then the suite: four workers,
-# whole files each (module fixtures are built once; one file holds the Slurm tests). Most tests
-# wait on processes and the disk (Ray start-up, kills, polling, Slurm's scheduler, checkpoint
+# The static checks, configured in pyproject.toml: the layers (import-linter's contracts), ruff's
+# lint rules and mypy's types.
+lint: setup
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+# After every change: the static checks, then tests/unit (in-process tests, each file a few
+# seconds) on two workers.
+check: lint
+	$(PY) -m pytest -q -n 2 tests/unit
+
+# Before pushing: the static checks, the docs, then the whole suite (tests/unit and tests/e2e): four
+# workers, whole files each (module fixtures are built once; one file holds the Slurm tests). Most
+# tests wait on processes and the disk (Ray start-up, kills, polling, Slurm's scheduler, checkpoint
 # writes): on 2 cores the suite keeps about one core busy, so several workers overlap their waits.
 # nanotron-env: the side environment for nanotron's own loader and checkpoint code (below).
-# The docs site is built --strict too, so a broken link, a missing page or a missing include fails
+# The docs site is built --strict, so a broken link, a missing page or a missing include fails
 # (never with --quiet, which hides the warnings that --strict counts).
-test: setup nanotron-env
-	$(VENV)/bin/lint-imports
+test: lint nanotron-env
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 	$(PY) -m pytest -q -n 4 --dist loadfile
 

@@ -41,7 +41,7 @@ def headline_section(analysis: Analysis) -> list[str]:
     lines = ["## Headline", ""]
     if rows.empty:
         return lines + ["No confirmatory comparison: the baseline or a second family has no finished runs"
-                        f" of {', '.join(analysis.options.primary_metrics)}.", *mechanism_lines(analysis)]
+                        f" of {', '.join(analysis.primary_metrics)}.", *mechanism_lines(analysis)]
     baseline, single = analysis.options.baseline, rows["single_seed"].astype(bool)
     lines += [f"- {_headline(row, analysis)}" for _, row in rows[rows["verdict"].isin([BETTER, WORSE])].iterrows()]
     equivalent = rows[rows["verdict"].isin(EQUIVALENT_VERDICTS)]
@@ -82,13 +82,15 @@ def mechanism_lines(analysis: Analysis) -> list[str]:
     lines = []
     for metric in sorted(m for m in set(analysis.values["metric"]) if analysis.spec_of(m).mechanism):
         spec = analysis.spec_of(metric)
+        present_at = spec.present_at
+        assert present_at is not None, f"{metric} declares a mechanism but not where it is present (present_at)"
         values = analysis.values[analysis.values["metric"] == metric]
         for size, group in values.groupby("size", sort=True):
             median = group.groupby("family")["value"].median()
             order = [f for f in families(analysis) if f in median.index]
-            formed = [f for f in order if median[f] >= spec.present_at]
+            formed = [f for f in order if median[f] >= present_at]
             missing = [f for f in order if f not in formed]
-            rule = (f"median {spec.label} over seeds, {num(spec.present_at)} or more counts: "
+            rule = (f"median {spec.label} over seeds, {num(present_at)} or more counts: "
                     + listed([f"{f} {num(median[f])}" for f in order]))
             if not missing:
                 sentence = f"Every family formed {spec.mechanism} at {size} ({rule})."
@@ -107,7 +109,7 @@ def _reference_cautions(analysis: Analysis) -> list[str]:
     """Confirmatory metrics on which a model does not beat its first reference estimator: there
     its comparisons say nothing about the claim."""
     failing = pd.DataFrame(sorted(not_beating_references(analysis)), columns=["metric", "family", "at"])
-    failing = failing[failing["metric"].isin(analysis.options.primary_metrics)]
+    failing = failing[failing["metric"].isin(analysis.primary_metrics)]
     return [f"- Caution: {listed(list(group['family']))} at {at} {'does' if len(group) == 1 else 'do'} not beat the"
             f" {analysis.label(analysis.spec_of(metric).references[0])} estimator on {analysis.label(metric)},"
             " so comparisons on it are meaningless there."

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -181,7 +182,7 @@ def hierarchical(items: pd.DataFrame, candidate: str, baseline: str, sign: float
     }
 
 
-def _only(rows: pd.DataFrame, column: str) -> object:
+def _only(rows: pd.DataFrame, column: str) -> Any:
     values = rows[column].unique()
     if len(values) != 1:
         raise ValueError(f"the rows hold {len(values)} values of {column} ({list(values)[:5]}): "

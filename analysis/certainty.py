@@ -8,8 +8,8 @@ import pandas as pd
 from analysis.compute import Analysis, confirmatory_rows, family_size, in_report_order, primary
 from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
 from analysis.stats import BOOT_NOMINAL_N, BOOT_RELIABLE_N, DECIDED, SEEDS_MAX, p_min_mannwhitney, p_min_signflip
-from analysis.text import (LISTED_RUNS, has, have, margins, md_table, num, seeds_needed_text, seeds_text, text, unlisted,
-                           where)
+from analysis.text import (LISTED_RUNS, has, have, margins, md_table, num, seeds_needed_text, seeds_text, text,
+                           unlisted, where)
 
 
 def setup_section(analysis: Analysis) -> list[str]:
@@ -33,7 +33,7 @@ def setup_section(analysis: Analysis) -> list[str]:
         + (" (seed s of a family against seed s of the baseline)" if o.pairing == "paired" else ""),
         f"- alpha = {o.alpha:g}, two-sided; {1 - o.alpha:.0%} intervals",
         _cells_line(analysis),
-        f"- Correction: Holm over the confirmatory family ({', '.join(o.primary_metrics)} x families x sizes"
+        f"- Correction: Holm over the confirmatory family ({', '.join(analysis.primary_metrics)} x families x sizes"
         + "".join(f" x {k} values" for k in analysis.keys)
         + f", m = {m}); Benjamini-Hochberg over the other metrics (exploratory)",
         f"- Bootstrap: BCa over seeds, {o.n_boot} resamples, in results.parquet only"

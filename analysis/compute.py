@@ -53,6 +53,12 @@ class Analysis:
     curve_specs: dict[str, CurveSpec]
     paper_flops: pd.DataFrame  # the paper-scale FLOPs table the orchestrator stored
 
+    @property
+    def primary_metrics(self) -> tuple[str, ...]:
+        """The confirmatory metrics: `analyse` always resolves options.primary_metrics."""
+        assert self.options.primary_metrics is not None, "options.primary_metrics is resolved by analyse()"
+        return self.options.primary_metrics
+
     def label(self, metric: str) -> str:
         spec = self.metric_specs.get(metric)
         return spec.label if spec else metric
@@ -92,15 +98,15 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
     metric_specs, curve_specs = selection.results.metric_specs, selection.results.curve_specs
     kinds = selection.data_kinds()
     options = options or options_for(spec, metric_specs, kinds)
-    if options.primary_metrics is None:
-        options = replace(options, primary_metrics=confirmatory(metric_specs, kinds))
+    primary = confirmatory(metric_specs, kinds) if options.primary_metrics is None else options.primary_metrics
+    options = replace(options, primary_metrics=primary)
     values = selection.values()
     items = selection.items()
     keys = cell_keys(values) if options.by is None else list(options.by)
     return Analysis(
         sweep=sweep, spec=spec, runs=selection.runs(), values=values,
         cells=summarize(values, 1 - options.alpha, options.n_boot, options.seed, by=keys, items=items),
-        comparisons=compare(values, options.baseline, options.pairing, options.primary_metrics,
+        comparisons=compare(values, options.baseline, options.pairing, primary,
                             options.alpha, options.delta_min, options.seed, by=keys, items=items,
                             n_boot=HB_FINAL),
         options=options, keys=tuple(keys), history=selection.history(),
@@ -149,7 +155,7 @@ def families(analysis: Analysis) -> list[str]:
 def metrics(analysis: Analysis) -> list[str]:
     """Model metrics: primary ones in their declared order, then the rest alphabetically."""
     present = {m for m in analysis.cells["metric"] if not analysis.is_reference(m)}
-    primary = [m for m in analysis.options.primary_metrics if m in present]
+    primary = [m for m in analysis.primary_metrics if m in present]
     return primary + sorted(present - set(primary))
 
 
@@ -174,7 +180,7 @@ def family_size(analysis: Analysis) -> int:
 
 
 def primary(analysis: Analysis, table: pd.DataFrame) -> pd.DataFrame:
-    return table[table["metric"].isin(analysis.options.primary_metrics)].assign(
+    return table[table["metric"].isin(analysis.primary_metrics)].assign(
         label=lambda t: t["metric"].map(analysis.label))
 
 

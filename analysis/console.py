@@ -16,10 +16,10 @@ def render_summary(analysis: Analysis) -> Group:
     cells = Table(title=f"{analysis.sweep}: primary metrics, mean [{1 - analysis.options.alpha:.0%} CI] (n)")
     for column in ("metric", "family", "size", *keys, "mean [CI] (n)"):
         cells.add_column(column)
-    primary = analysis.cells[analysis.cells["metric"].isin(analysis.options.primary_metrics)]
+    primary = analysis.cells[analysis.cells["metric"].isin(analysis.primary_metrics)]
     for _, cell in primary.sort_values(["metric", "size", *keys, "family"]).iterrows():
         cells.add_row(cell["metric"], cell["family"], cell["size"], *key_texts(cell, keys), cell_text(cell))
-    for metric in analysis.options.primary_metrics:
+    for metric in analysis.primary_metrics:
         for _, ref in references(analysis, metric).iterrows():
             cells.add_row(metric, f"{analysis.label(ref['metric'])} (reference)", ref["size"],
                           *key_texts(ref, keys), num(ref["mean"]))
@@ -32,7 +32,7 @@ def render_summary(analysis: Analysis) -> Group:
                      f"all metrics in report.md)")
     for column in ("metric", "size", *keys, "family", "delta", "CI", "adjusted p", "verdict", "seeds needed"):
         verdicts.add_column(column)
-    primary_rows = analysis.comparisons[analysis.comparisons["metric"].isin(analysis.options.primary_metrics)]
+    primary_rows = analysis.comparisons[analysis.comparisons["metric"].isin(analysis.primary_metrics)]
     for _, row in primary_rows.iterrows():
         verdicts.add_row(row["metric"], row["size"], *key_texts(row, keys), row["family"], signed(row["diff_mean"]),
                          f"{signed(row['ci_low'])} to {signed(row['ci_high'])}",

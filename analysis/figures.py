@@ -112,7 +112,7 @@ def draw(analysis: Analysis) -> list[Plot]:
              f" lower-is-better metrics the sign is flipped) with its {level} t-interval (thick){hierarchical};"
              " filled marker: decisive after Holm; dashed line: no difference; grey band: +-delta_min.",
              plots.forest(comparisons, families(analysis), o.baseline), "no comparison of a primary metric"),
-        *[_seed_plot(analysis, metric) for metric in o.primary_metrics],
+        *[_seed_plot(analysis, metric) for metric in analysis.primary_metrics],
         Plot("loss", "Training loss",
              f"Mean over seeds, band: {plots.BAND}; left against step, right against cumulative training"
              " FLOPs; triangles: steps where lidas grew deeper. The first steps are cut off at the top.",

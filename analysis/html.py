@@ -38,4 +38,5 @@ def render_html(markdown: str, images: Mapping[str, bytes]) -> str:
     title = next((line.lstrip("#").strip().replace("`", "") for line in markdown.splitlines()
                   if line.startswith("# ")), "report")
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
-            f"<style>\n{STYLE}\n</style>\n</head>\n<body>\n{md.renderer.render(tokens, md.options, {})}</body>\n</html>\n")
+            f"<style>\n{STYLE}\n</style>\n</head>\n<body>\n"
+            f"{md.renderer.render(tokens, md.options, {})}</body>\n</html>\n")

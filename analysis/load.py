@@ -240,8 +240,8 @@ class Selection:
     def per_run(self, read: Callable[[str], pd.DataFrame | None]) -> pd.DataFrame:
         """`read(run_id)` for every finished run, stacked behind the run's key columns; runs for
         which it returns None (no such file or curve) are left out, so older stores still load."""
-        frames = {run_id: read(run_id) for run_id in self.done["run_id"]}
-        frames = {run_id: frame for run_id, frame in frames.items() if frame is not None}
+        read_frames = {run_id: read(run_id) for run_id in self.done["run_id"]}
+        frames = {run_id: frame for run_id, frame in read_frames.items() if frame is not None}
         if not frames:
             return pd.DataFrame(columns=RUN_KEYS)
         stacked = pd.concat([frame.assign(run_id=run_id) for run_id, frame in frames.items()], ignore_index=True)

@@ -220,7 +220,7 @@ def _sections(analysis: Analysis) -> list[str]:
     named += [spec.section or OTHER_SECTION for name, spec in analysis.curve_specs.items()
               if spec.kind != "data" and not analysis.curves.get(name, pd.DataFrame()).empty]
     primary = [analysis.spec_of(m).section or OTHER_SECTION for m in metrics(analysis)
-               if m in analysis.options.primary_metrics]
+               if m in analysis.primary_metrics]
     return list(dict.fromkeys([*primary, *sorted(set(named))]))
 
 
@@ -231,7 +231,8 @@ def _comparison_block(analysis: Analysis, metric: str, failing: set[tuple[str, s
     kind = "confirmatory, Holm" if rows["correction"].iloc[0] == "holm" else "exploratory, Benjamini-Hochberg"
     return ["", f"**{analysis.label(metric)} against {analysis.options.baseline}** ({kind}):", "",
             *_comparison_table(analysis, rows), "",
-            *_details("Each comparison in words", [f"- {_sentence(row, analysis, failing)}" for _, row in rows.iterrows()])]
+            *_details("Each comparison in words",
+                      [f"- {_sentence(row, analysis, failing)}" for _, row in rows.iterrows()])]
 
 
 def _details(summary: str, lines: list[str]) -> list[str]:
@@ -250,7 +251,7 @@ def _section(analysis: Analysis, title: str, figures: list[Plot]) -> list[str]:
             continue
         block = [*_metric_section(analysis, metric), *_comparison_block(analysis, metric, failing)]
         heading = _metric_title(analysis, metric)
-        if metric in analysis.options.primary_metrics:
+        if metric in analysis.primary_metrics:
             lines += [f"### {heading}", "", *block, ""]
         else:
             lines += _details(html.escape(heading).replace("`", "<code>", 1).replace("`", "</code>", 1), block)

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import io
 import itertools
+from typing import Any
 from collections.abc import Mapping, Sequence
 
 import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib import transforms
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
+from matplotlib.typing import RcKeyType
 
-STYLE = {
+STYLE: dict[RcKeyType, Any] = {
     "font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9,
     "legend.fontsize": 8, "legend.frameon": False, "axes.spines.top": False, "axes.spines.right": False,
     "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.6, "figure.dpi": 100, "savefig.dpi": 150,
@@ -113,10 +116,11 @@ def forest(comparisons: pd.DataFrame, families: Sequence[str], baseline: str) ->
     axes[0].set_yticks(list(y.values()), [f"{family} \u00b7 {group}" for group, family in rows])
     axes[0].set_ylim(min(y.values()) - 0.6, 0.6)
     level = comparisons["ci_level"].iloc[0]
-    legend = [Line2D([], [], marker="o", color="0.3", linestyle="", markersize=7, label="decisive (better / worse)"),
-              Line2D([], [], marker="o", color="0.3", markerfacecolor="white", linestyle="", markersize=7,
-                     label="not decisive"),
-              Line2D([], [], color="0.3", linewidth=2.6, label=f"{level:.0%} t-interval over seeds")]
+    legend: list[Artist] = [
+        Line2D([], [], marker="o", color="0.3", linestyle="", markersize=7, label="decisive (better / worse)"),
+        Line2D([], [], marker="o", color="0.3", markerfacecolor="white", linestyle="", markersize=7,
+               label="not decisive"),
+        Line2D([], [], color="0.3", linewidth=2.6, label=f"{level:.0%} t-interval over seeds")]
     if hierarchical:
         legend.append(Line2D([], [], color="0.3", linewidth=1, label="hierarchical bootstrap interval"))
     legend.append(Patch(color="0.88", label="\u00b1delta_min (equivalence margin)"))
@@ -184,10 +188,11 @@ def seed_dots(values: pd.DataFrame, cells: pd.DataFrame, references: pd.DataFram
         ax.grid(axis="x", visible=False)
     axes[0].set_ylabel(label)
     level = cells["ci_level"].iloc[0] if not cells.empty else 0.95
-    legend = ([Patch(facecolor="0.85", edgecolor="0.3", label="seeds: quartiles, whiskers 5th-95th percentile")]
-              if boxes else
-              [Line2D([], [], marker="o", color="0.4", linestyle="", markersize=5, label="one seed"),
-               Line2D([], [], color="0.55", linewidth=0.8, label="same seed across families")])
+    legend: list[Artist] = (
+        [Patch(facecolor="0.85", edgecolor="0.3", label="seeds: quartiles, whiskers 5th-95th percentile")]
+        if boxes else
+        [Line2D([], [], marker="o", color="0.4", linestyle="", markersize=5, label="one seed"),
+         Line2D([], [], color="0.55", linewidth=0.8, label="same seed across families")])
     legend.append(Line2D([], [], marker="_", color="0.1", markersize=10, markeredgewidth=2,
                          label=f"mean, {level:.0%} t-interval"))
     figure.legend(handles=legend, loc="outside lower center", ncols=3)
@@ -258,7 +263,8 @@ def loss_curves(history: pd.DataFrame, families: Sequence[str]) -> Figure | None
         row[0].set_ylabel("training loss (per batch)")
         for ax, label in zip(row, x_axes.values()):
             ax.set(title=f"{group}: against {label.split(' (')[0]}", xlabel=label)
-    handles = [Line2D([], [], color=colours[f], linewidth=1.6, label=f) for f in _present(families, history)]
+    handles: list[Artist] = [Line2D([], [], color=colours[f], linewidth=1.6, label=f)
+                             for f in _present(families, history)]
     handles += [Patch(color="0.5", alpha=0.25, label=f"band: {BAND}"),
                 Line2D([], [], marker="^", color="0.5", markeredgecolor="black", linestyle="",
                        label="depth grown (layers added)")]

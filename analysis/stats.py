@@ -38,6 +38,8 @@ COMPARISON_COLUMNS = [
     "seeds_needed", "seeds_needed_conservative", "seeds_needed_observed", "seeds_more",
     "seeds_unresolvable", "hb_p_sided", "diff_skewed", "significant", "inside_margin", "verdict"]
 REFERENCE_PREFIX = "ngram"
+# The confirmatory metrics as callers may name them: see `confirmatory_metrics`.
+PrimaryMetrics = str | Sequence[str] | AbstractSet[str] | Mapping[str, str | Sequence[str]]
 N_BOOT = 9_999
 BOOT_RELIABLE_N = 10  # below this BCa over seeds under-covers (0.74 at n=3, 0.92 at n=10)
 BOOT_NOMINAL_N = 20  # below this BCa over seeds is flagged approximate (0.92 at n=10, 0.94 at n=20)
@@ -283,12 +285,12 @@ def summarize(df: pd.DataFrame, level: float = 0.95, n_boot: int = N_BOOT, seed:
 def pooled_std(std: Sequence[float], n: Sequence[int]) -> tuple[float, int]:
     """sqrt(sum((n_i - 1) s_i^2) / sum(n_i - 1)) and its degrees of freedom, over groups with n_i >= 2:
     one estimate of seed noise from several cells when each has too few seeds."""
-    std, n = np.asarray(std, float), np.asarray(n, int)
-    usable = (n >= 2) & np.isfinite(std)
-    df = int(np.sum(n[usable] - 1))
+    stds, sizes = np.asarray(std, float), np.asarray(n, int)
+    usable = (sizes >= 2) & np.isfinite(stds)
+    df = int(np.sum(sizes[usable] - 1))
     if df == 0:
         return math.nan, 0
-    return float(np.sqrt(np.sum((n[usable] - 1) * std[usable] ** 2) / df)), df
+    return float(np.sqrt(np.sum((sizes[usable] - 1) * stds[usable] ** 2) / df)), df
 
 
 def sigma_upper(sigma: float, df: int, level: float = 0.8) -> float:
@@ -354,18 +356,18 @@ def seeds_needed(sigma: float, delta: float, alpha: float = 0.05, power: float =
     if sigma == 0:
         return 2
     n = np.arange(2, max_seeds + 1)
-    reached = t_power(abs(delta) / sigma, n, alpha, paired) >= power
+    reached = np.asarray(t_power(abs(delta) / sigma, n, alpha, paired) >= power)
     return int(n[np.argmax(reached)]) if reached.any() else max_seeds + 1
 
 
 def adjust_pvalues(p: Sequence[float], method: str, alpha: float = 0.05) -> np.ndarray:
     """statsmodels' multipletests with the method always explicit (its default is Holm-Sidak);
     NaN p-values (untestable comparisons) stay NaN and do not count towards the family size."""
-    p = np.asarray(p, float)
-    adjusted = np.full_like(p, np.nan)
-    testable = np.isfinite(p)
+    values = np.asarray(p, float)
+    adjusted = np.full_like(values, np.nan)
+    testable = np.isfinite(values)
     if testable.any():
-        adjusted[testable] = multipletests(p[testable], alpha=alpha, method=method)[1]
+        adjusted[testable] = multipletests(values[testable], alpha=alpha, method=method)[1]
     return adjusted
 
 
@@ -505,8 +507,7 @@ def verdict_rule(p_adj, ci_low, ci_high, tost_low, tost_high, delta_min, alpha: 
                      [NEGLIGIBLE, EQUIVALENT, BETTER, WORSE], INCONCLUSIVE).astype(object)
 
 
-def confirmatory_metrics(primary_metrics: str | Sequence[str] | AbstractSet[str] | Mapping[str, object]
-                         ) -> tuple[str, ...]:
+def confirmatory_metrics(primary_metrics: PrimaryMetrics) -> tuple[str, ...]:
     """The confirmatory (Holm) metrics as a tuple without repeats: one metric name, a sequence or set of
     names, or a mapping data kind -> metric name or names (e.g. {"regbench": "regbench_tvd",
     "induction": ["induction_max"]}), all of whose metrics are confirmatory together."""
@@ -527,7 +528,7 @@ def confirmatory_metrics(primary_metrics: str | Sequence[str] | AbstractSet[str]
 
 
 def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
-            primary_metrics: str | Sequence[str] | AbstractSet[str] | Mapping[str, object] = ("regbench_tvd",),
+            primary_metrics: PrimaryMetrics = ("regbench_tvd",),
             alpha: float = 0.05,
             delta_min: float | Mapping[str, float] = 0.02, seed: int = 0,
             by: Sequence[str] | None = None, items: pd.DataFrame | None = None,

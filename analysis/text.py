@@ -84,7 +84,7 @@ def cell_text(cell: pd.Series) -> str:
 def have(row: pd.Series) -> int:
     return row["n_pairs"] if row["pairing"] == "paired" else min(row["n_candidate"], row["n_baseline"])
 
-def seeds_text(n: object) -> str:
+def seeds_text(n: float) -> str:
     return f"> {SEEDS_MAX}" if n > SEEDS_MAX else str(n)
 
 def plan_text(row: pd.Series) -> str:
@@ -137,5 +137,5 @@ def seeds(row: pd.Series) -> str:
         return f"{row['n_pairs']} seed{'' if row['n_pairs'] == 1 else 's'}"
     return f"{row['n_candidate']} vs {row['n_baseline']} seeds"
 
-def seeds_needed_text(n: object) -> str:
+def seeds_needed_text(n: float) -> str:
     return "–" if pd.isna(n) else seeds_text(n)

@@ -89,7 +89,7 @@ def noop_runs(n: int, root: Path) -> tuple[list, Store, object]:
     runs = plan(cfgs, store)
     for r in runs:
         r.todo = ["noop"]
-        store.write_config(r.run_id, lambda: config_yaml(r.config))
+        store.write_config(r.run_id, lambda: config_yaml(r.config))  # noqa: B023 (called at once)
     return runs, store, executor_of(cfgs[0].cluster)
 
 

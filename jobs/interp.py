@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 from torch import Tensor
 
-from jobs.model import Attention, Decoder, apply_rope
+from jobs.model import Attention, Block, Decoder, apply_rope
 
 
 def pattern(attn: Attention, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -38,7 +39,7 @@ def attention_patterns(model: Decoder, tokens: Tensor) -> Tensor:
         x, cos, sin = args[:3]
         found.append(pattern(module, x, cos, sin))
 
-    handles = [layer.attn.register_forward_hook(record) for layer in model.layers]
+    handles = [cast(Block, layer).attn.register_forward_hook(record) for layer in model.layers]
     try:
         model(tokens)
     finally:
@@ -83,12 +84,12 @@ def on_head_outputs(model: Decoder, fn: HeadFn) -> Iterator[None]:
     def per_head(module: torch.nn.Linear, args: tuple) -> tuple | None:
         (joined,) = args
         application, step[0] = step[0], step[0] + 1
-        heads = model.layers[model.plan[application]].attn.n_heads
+        heads = cast(Block, model.layers[model.plan[application]]).attn.n_heads
         new = fn(application, joined.unflatten(-1, (heads, -1)))
         return None if new is None else (new.flatten(-2),)
 
     handles = [model.register_forward_pre_hook(restart)]
-    handles += [layer.attn.o_proj.register_forward_pre_hook(per_head) for layer in model.layers]
+    handles += [cast(Block, layer).attn.o_proj.register_forward_pre_hook(per_head) for layer in model.layers]
     try:
         yield
     finally:

@@ -38,8 +38,9 @@ class KVCache:
 
     def extend(self, step: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append this step's new keys/values [B, kv_heads, T, head_dim]; return all of them."""
-        if self.keys[step] is not None:
-            k, v = torch.cat((self.keys[step], k), dim=2), torch.cat((self.values[step], v), dim=2)
+        cached_k, cached_v = self.keys[step], self.values[step]
+        if cached_k is not None and cached_v is not None:
+            k, v = torch.cat((cached_k, k), dim=2), torch.cat((cached_v, v), dim=2)
         self.keys[step], self.values[step] = k, v
         return k, v
 
@@ -112,6 +113,9 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
+    rope_cos: Tensor  # buffers (register_buffer), declared for the type checker
+    rope_sin: Tensor
+
     def __init__(
         self,
         model_cfg: ModelConfig,

@@ -87,7 +87,7 @@ def final_loss(history: list[dict]) -> float:
     return sum(row["loss"] for row in tail) / len(tail)
 
 
-def restore(cfg: JobConfig, run_dir: Path, device: torch.device) -> tuple[Decoder, torch.optim.AdamW, dict]:
+def restore(cfg: JobConfig, run_dir: Path, device: torch.device) -> tuple[Decoder, torch.optim.Optimizer, dict]:
     """Model, optimizer and run tally from the newest readable checkpoint, or fresh ones."""
     torch.manual_seed(cfg.seed)
     saved = latest_checkpoint(run_dir)

@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"check every run's files, as the next sweep does (the default up to {CHECKED} runs; "
                                 f"a larger sweep is read from the store's index)")
             p.add_argument("--all", action="store_true",
-                           help=f"a line for every run (default: every run up to {LISTED}, else those not done or pending)")
+                           help=f"a line for every run (default: every run up to {LISTED}, "
+                                "else those not done or pending)")
     return parser
 
 

@@ -52,7 +52,8 @@ FORMAT1_REGBENCH_FIELDS = {  # what an arith run's data section held: that schem
 
 
 def _plain(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else copy.deepcopy(cfg)
+    is_instance = dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)
+    return dataclasses.asdict(cfg) if is_instance else copy.deepcopy(cfg)
 
 
 def semantic_config(cfg: Any) -> dict:

@@ -9,6 +9,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.console import Group
 from rich.markup import escape
@@ -34,7 +35,8 @@ class States:
     it changed (the view looks at every unfinished run twice a second, on a shared filesystem)."""
 
     def __init__(self, store: Store):
-        self.store, self._seen = store, {}
+        self.store = store
+        self._seen: dict[str, tuple[Any, dict]] = {}  # run id -> (state.json's stat key, its state)
 
     def __call__(self, run_id: str) -> dict:
         try:  # an atomic write is a new file: its inode, size or mtime changes

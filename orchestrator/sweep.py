@@ -98,7 +98,8 @@ class Sweep:
         if len(runs) > LISTED:  # nobody reads 100,000 lines: the rest by family and size
             groups = Counter((r.config.family.name, r.config.model.name, r.cached) for r in runs[LISTED:])
             self.console.print(f"... and {len(runs) - LISTED} more runs: " + ", ".join(
-                f"{family} {size} {n} {'cached' if cached else 'new'}" for (family, size, cached), n in sorted(groups.items())),
+                f"{family} {size} {n} {'cached' if cached else 'new'}"
+                for (family, size, cached), n in sorted(groups.items())),
                 markup=False, soft_wrap=True)
         cluster = self.configs[0].cluster
         if any(r.config.resources.gpus > 0 for r in new):
@@ -106,9 +107,9 @@ class Sweep:
                                f"{len(new)} runs to do (training FLOPs / (cluster.gpu_peak_flops_per_s="
                                f"{cluster.gpu_peak_flops_per_s:.3g} x cluster.gpu_mfu={cluster.gpu_mfu:g}))")
         for r in runs:  # a backend that renders its own configs (nanotron) shows them
-            if (text := backend_of(r.config).dry_run_text(r.config, r.run_id, self.store.run_dir(r.run_id))) is not None:
-                self.console.print(text,
-                                   markup=False, soft_wrap=True)
+            text = backend_of(r.config).dry_run_text(r.config, r.run_id, self.store.run_dir(r.run_id))
+            if text is not None:
+                self.console.print(text, markup=False, soft_wrap=True)
         self.executor.describe(runs, self.name, self.overrides, self.store, self.console)
         self.console.print(f"sweep {self.name}: {len(runs)} runs, {len(new)} to do; dry run, nothing "
                            f"{'submitted or ' if not self.executor.synchronous else ''}written",
@@ -222,7 +223,8 @@ def report(store: Store, name: str, console: Console, tracker: Optional[TrackerC
         return 1
     upgraded = upgrade(store)  # rewrites metrics.json of format 1: the analysis reads them anew
     if outdated := _outdated(store, name, states):
-        console.print(f"warning: sweep {name}: results of {', '.join(f'{job} ({n} runs)' for job, n in outdated.items())} "
+        outdated_jobs = ', '.join(f'{job} ({n} runs)' for job, n in outdated.items())
+        console.print(f"warning: sweep {name}: results of {outdated_jobs} "
                       f"were recorded by an earlier revision of the evaluation or with other settings, and are "
                       f"reported as recorded; run the sweep again (the same command) to evaluate them anew on "
                       f"the existing checkpoints (nothing retrains)", markup=False, soft_wrap=True)

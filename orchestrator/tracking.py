@@ -202,14 +202,14 @@ def _init(tracker: TrackerConfig, root: Path, packages: bool = True, **run: Any)
     online = mode in ONLINE
     if online and _base_url() in _online_failed:
         mode, online = "offline", False
-    settings = dict(init_timeout=tracker.init_timeout_s,
+    settings: dict[str, Any] = dict(init_timeout=tracker.init_timeout_s,
                     finish_timeout=tracker.finish_timeout_s, silent=True, console="off",
                     save_code=False, disable_git=True, x_disable_meta=True, x_disable_stats=True,
                     x_save_requirements=packages)
     for attempt in [mode] + (["offline"] if online else []):
         try:
             return wandb.init(project=tracker.project, entity=tracker.entity,
-                              dir=str(root), mode=attempt, resume="allow",
+                              dir=str(root), mode=attempt, resume="allow",  # type: ignore[arg-type]  # any str: W&B checks it
                               settings=wandb.Settings(**settings), **run)
         except Exception as e:  # noqa: BLE001 - W&B may raise anything; tracking must not
             fallback = attempt != "offline" and online

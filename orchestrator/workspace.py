@@ -46,12 +46,13 @@ def build(store: Store, sweep: str, tracker: TrackerConfig, entity: str = "") ->
     import wandb_workspaces.workspaces as ws
     from wandb_workspaces import expr
 
-    band = dict(groupby_aggfunc="mean", groupby_rangefunc="minmax")
-    training = [wr.LinePlot(title="training loss by step", x="Step", y=["train/loss"], **band),
-                wr.LinePlot(title="training loss by training FLOPs", x="train/flops", y=["train/loss"], **band),
-                wr.LinePlot(title="depth (layers applied)", x="Step", y=["train/n_layers"], **band),
-                wr.LinePlot(title="learning rate", x="Step", y=["train/lr"], **band),
-                wr.LinePlot(title="throughput (tokens/s)", x="Step", y=["train/tokens_per_s"], **band)]
+    band: dict[str, Any] = dict(groupby_aggfunc="mean", groupby_rangefunc="minmax")
+    training: list[Any] = [  # Any: a Section takes a list of its own panel union, not of their base class
+        wr.LinePlot(title="training loss by step", x="Step", y=["train/loss"], **band),
+        wr.LinePlot(title="training loss by training FLOPs", x="train/flops", y=["train/loss"], **band),
+        wr.LinePlot(title="depth (layers applied)", x="Step", y=["train/n_layers"], **band),
+        wr.LinePlot(title="learning rate", x="Step", y=["train/lr"], **band),
+        wr.LinePlot(title="throughput (tokens/s)", x="Step", y=["train/tokens_per_s"], **band)]
     metrics, curves = analysis.load_specs(store.root, sweep)
     headline = sorted(name for name, spec in metrics.items() if spec.confirmatory_for)
     costs = sorted(name for name, spec in metrics.items() if spec.cost)
@@ -68,8 +69,9 @@ def build(store: Store, sweep: str, tracker: TrackerConfig, entity: str = "") ->
                                                             chart_strings={"title": spec.title}))
             evaluation.append(wr.WeavePanelSummaryTable(table_name=f"curves/{name}"))
     plots = sorted(p.stem for p in (store.sweep_dir(sweep) / "plots").glob("*.png"))
-    summary = [wr.WeavePanelSummaryTable(table_name="comparisons"), wr.WeavePanelSummaryTable(table_name="cells"),
-               *([wr.MediaBrowser(title="the report's plots", media_keys=[f"plots/{p}" for p in plots])] if plots else [])]
+    summary: list[Any] = [
+        wr.WeavePanelSummaryTable(table_name="comparisons"), wr.WeavePanelSummaryTable(table_name="cells"),
+        *([wr.MediaBrowser(title="the report's plots", media_keys=[f"plots/{p}" for p in plots])] if plots else [])]
     return ws.Workspace(
         entity=entity, project=tracker.project, name=f"sweep {sweep}",
         sections=[ws.Section(name="Training", panels=training, is_open=True),

@@ -42,7 +42,7 @@ def write_digest(path: Path) -> None:
     write_json(sidecar(Path(path)), digest(Path(path)))
 
 
-def problem(path: Path, full: bool = True) -> str | None:
+def problem(path: str | Path, full: bool = True) -> str | None:
     """What is wrong with `path` according to its sidecar, or None (also when it has none: a
     file written before digests existed, or by a process killed between file and sidecar)."""
     path = Path(path)
@@ -61,7 +61,7 @@ def problem(path: Path, full: bool = True) -> str | None:
     return None
 
 
-def quarantine(path: Path, reason: str) -> Path:
+def quarantine(path: str | Path, reason: str) -> Path:
     """Move a bad file aside (kept for inspection) and record why; returns its new path."""
     path = Path(path)
     moved = path.with_name(path.name + ".corrupt")

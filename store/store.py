@@ -41,8 +41,8 @@ from common.atomic import read_json, write_json, write_text
 from store import index, integrity
 from store.layout import FORMAT_VERSION, MARKER, METRICS, OWNER, RUN_JSON, STATE, TOP_LEVEL, Layout, RunPaths
 from store.records import (ConfigsRecord, Metrics, RunState, SweepConfigs, SweepManifest, marker, new_manifest,
-                           now, read_config, read_manifest, read_metrics, read_state, read_sweep_configs, write_manifest,
-                           write_metrics, write_state, write_sweep_configs)
+                           now, read_config, read_manifest, read_metrics, read_state, read_sweep_configs,
+                           write_manifest, write_metrics, write_state, write_sweep_configs)
 
 DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
     "done", "failed", "running", "pending", "interrupted", "corrupt")
@@ -75,7 +75,7 @@ def format_of(root: Union[str, os.PathLike[str]]) -> Optional[int]:
         if unrelated:
             raise StoreError(f"{where} holds files that are not a results store "
                              f"({', '.join(unrelated[:SHOWN])}{', ...' if len(unrelated) > SHOWN else ''}) "
-                             f"and no {MARKER}; {fix}")
+                             f"and no {MARKER}; {fix}") from None
         return None
     except OSError as e:
         raise StoreError(f"{where}: {MARKER} cannot be read ({e.strerror}); {fix}") from None

@@ -50,7 +50,8 @@ def main() -> int:
         step += 1
         tensors = {k: v + 1e-3 for k, v in tensors.items()}
         if rank0:
-            print(f"iteration: {step} / {total} | consumed_tokens: 1.2K | lm_loss: {10 / step:.3g} | lr: 0.003", flush=True)
+            print(f"iteration: {step} / {total} | consumed_tokens: 1.2K | lm_loss: {10 / step:.3g} | lr: 0.003",
+                  flush=True)
         if rank0 and (step % ck["checkpoint_interval"] == 0 or step == total):
             meta = bridge.training_metadata(step, step * 4, doc["tokens"]["sequence_length"])
             bridge.write_step(Path(ck["checkpoints_path"]), step, tensors, model_cfg, mc, meta)

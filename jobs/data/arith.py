@@ -69,7 +69,8 @@ def problem(rng: np.random.Generator, max_number: int, two_step: float) -> Probl
 
 
 def _unique(rng: np.random.Generator, cfg: ArithConfig, n: int, exclude: set[str]) -> list[Problem]:
-    out, seen = [], set(exclude)
+    out: list[Problem] = []
+    seen = set(exclude)
     for _ in range(50 * n):
         if len(out) == n:
             return out

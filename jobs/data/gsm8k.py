@@ -34,7 +34,8 @@ def read_jsonl(path: str | Path) -> list[Problem]:
         if not line.strip():
             continue
         row = json.loads(line)
-        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+        if not (isinstance(row, dict) and isinstance(row.get("question"), str)
+                and isinstance(row.get("answer"), str)):
             raise ValueError(f"{path}:{number}: expected {{\"question\": ..., \"answer\": ...}}")
         problems.append({"question": row["question"], "answer": row["answer"]})
     return problems

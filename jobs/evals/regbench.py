@@ -64,7 +64,8 @@ METRICS = {
     "regbench_l1_ref": MetricSpec("RegBench L1, as the reference code logs it (2 x TVD)"),
     "regbench_acc": MetricSpec("RegBench accuracy", higher_is_better=True),
     f"regbench_tvd_{FEW_STRINGS}strings": MetricSpec(f"RegBench TVD after exactly {FEW_STRINGS} strings in context"),
-    f"regbench_tvd_{MANY_STRINGS}plus_strings": MetricSpec(f"RegBench TVD after {MANY_STRINGS} or more strings in context"),
+    f"regbench_tvd_{MANY_STRINGS}plus_strings": MetricSpec(
+        f"RegBench TVD after {MANY_STRINGS} or more strings in context"),
     "regbench_context_gain": MetricSpec(
         f"RegBench TVD after {FEW_STRINGS} strings minus after {MANY_STRINGS}+ (how much more context helps)",
         higher_is_better=True),
@@ -289,7 +290,8 @@ def evaluate(data_cfg: DataSpec, settings: RegBenchSettings,
     return _summaries(scores, eval_set)
 
 
-@evaluation("regbench", title="RegBench: in-context language learning", metrics=METRICS, curves=CURVES, revision=REVISION)
+@evaluation("regbench", title="RegBench: in-context language learning", metrics=METRICS, curves=CURVES,
+            revision=REVISION)
 def regbench(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's evaluated checkpoint (backend.load_model) on the held-out automata."""
     model = load_model(cfg, run_dir)

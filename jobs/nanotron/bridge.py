@@ -117,7 +117,7 @@ def read_tensors(model_dir: Path) -> dict[str, Tensor]:
             raise CheckpointError(f"{path}: not a model tensor file (model_<name>[...].safetensors)")
         name = ".".join([*relative.parent.parts, leaf[len("model_"):]])
         shards.setdefault(name, []).append(path)
-    tensors = {}
+    tensors: dict[str, Tensor] = {}
     for name, paths in shards.items():
         full: Optional[Tensor] = None
         for path in paths:
@@ -131,6 +131,7 @@ def read_tensors(model_dir: Path) -> dict[str, Tensor]:
             for pair in header["local_global_slices_pairs"].split(";"):
                 local, glob = (tuple(map(_parse_slice, side.split("|"))) for side in pair.split("#"))
                 full[glob] = data[local]
+        assert full is not None  # every name has at least one shard file
         tensors[name] = full
     return tensors
 

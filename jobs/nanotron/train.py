@@ -44,7 +44,7 @@ def parse_iteration(line: str) -> Optional[dict]:
     m = ITERATION.search(line)
     if not m:
         return None
-    row = {"step": int(m.group(1))}
+    row: dict[str, float] = {"step": int(m.group(1))}
     for name, number, suffix in FIELD.findall(m.group(3)):
         row[name] = float(number) * SCALE[suffix]
     return row
@@ -124,9 +124,9 @@ def train_job(cfg: JobConfig, run_dir: Path, progress: Optional[Callable[[dict],
             own = render.stage_dir(run_dir, index) / "checkpoints"
             if (completed_step(own) or 0) >= stage.end_step:
                 continue
-            if index > 0:
-                _wait_until(lambda: completed_step(own) is not None or completed_step(
-                    render.stage_dir(run_dir, index) / "grown") == schedule[index - 1].end_step,
+            if index > 0:  # the probe is polled before this iteration ends: it sees this stage's values
+                _wait_until(lambda: completed_step(own) is not None or completed_step(  # noqa: B023
+                    render.stage_dir(run_dir, index) / "grown") == schedule[index - 1].end_step,  # noqa: B023
                     f"stage {index}'s grown checkpoint")
         start = stage_start(cfg, run_dir, index)
         if start is None:  # finished meanwhile (seen by a node other than rank 0)
@@ -136,8 +136,8 @@ def train_job(cfg: JobConfig, run_dir: Path, progress: Optional[Callable[[dict],
         with tempfile.TemporaryDirectory(prefix="nanotron-") as tmp:
             config_file = (render.stage_dir(run_dir, index) if leader else Path(tmp)) / "config.yaml"
             write_text(config_file, render.to_yaml(doc), durable=False)
-            run(render.entry(cfg, config_file), nproc_per_node=lay.gpus_per_node, nnodes=lay.nodes, node_rank=rdv["node_rank"],
-                master_addr=rdv["master_addr"], master_port=rdv["master_port"],
+            run(render.entry(cfg, config_file), nproc_per_node=lay.gpus_per_node, nnodes=lay.nodes,
+                node_rank=rdv["node_rank"], master_addr=rdv["master_addr"], master_port=rdv["master_port"],
                 env=render.environment(cfg, index),
                 on_line=on_line, threads_per_proc=max(1, cfg.resources.cpus // lay.gpus_per_node))
         reached = completed_step(render.stage_dir(run_dir, index) / "checkpoints")

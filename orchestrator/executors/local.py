@@ -24,5 +24,5 @@ class LocalExecutor(RayExecutor):
     def nodes(self) -> Optional[list[dict[str, float]]]:
         """The one node `connect` starts."""
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return [{"CPU": self.config.num_cpus or os.cpu_count(), "GPU": self.config.num_gpus or 0,
+        return [{"CPU": self.config.num_cpus or os.cpu_count() or 1, "GPU": self.config.num_gpus or 0,
                  "memory": memory}]

@@ -103,8 +103,9 @@ class RayExecutor(Executor):
         with self.session():
             nodes = live_nodes()
             check_fit(todo, nodes)
+            # the root resolved: tasks may run elsewhere (a shipped working_dir)
             feed = Feed(todo, str(store.root.resolve()), window(nodes), cpus=int(sum(n.get("CPU", 0) for n in nodes)),
-                        batch=len(todo) > LISTED, sweep=name)  # the root resolved: tasks may run elsewhere (a shipped working_dir)
+                        batch=len(todo) > LISTED, sweep=name)
             outcome.update(_drive(feed, view.Tally(len(runs), len(outcome), active=feed.active), store, console))
         return Outcome(outcome)
 
@@ -230,7 +231,7 @@ class Feed:
     def submit(self, r: PlannedRun) -> None:
         train_ref, text = None, self.texts(r.config)
         for job in r.todo:
-            after = [train_ref] if train_ref is not None else []
+            after: list[Any] = [train_ref] if train_ref is not None else []  # Ray object refs
             fn = self.coordinate if multi_node(r.config, job) else self.remote
             ref = fn.options(**job_resources(r.config, job), max_retries=r.config.train.max_retries,
                              retry_exceptions=True, name=f"{r.label}:{job}").remote(

@@ -35,7 +35,7 @@ class SlurmArrayExecutor(SlurmExecutor):
         texts = SeedTemplates(config_yaml)
         for r in runs:
             if r.todo:
-                store.write_config(r.run_id, lambda: texts(r.config))
+                store.write_config(r.run_id, lambda: texts(r.config))  # noqa: B023 (called at once)
         return super().run(runs, name, overrides, store, console)
 
     def scripts(self, runs: list[PlannedRun], name: str, overrides: list[str], store: Store) -> dict[str, str]:
@@ -65,6 +65,7 @@ class SlurmArrayExecutor(SlurmExecutor):
 
     def request(self, runs: list[PlannedRun]) -> Request:
         cpus, mem, gpus = task_resources([r.config for r in runs if r.todo] or [r.config for r in runs])
-        return Request(1, cpus, mem, gpus, {"nodes": "resources.nodes", "cpus": "resources.cpus (or eval.resources.cpus)",
+        return Request(1, cpus, mem, gpus, {"nodes": "resources.nodes",
+                                            "cpus": "resources.cpus (or eval.resources.cpus)",
                                             "mem_gb": "resources.memory_gb (or eval.resources.memory_gb)",
                                             "gpus": "resources.gpus (or eval.resources.gpus)"})

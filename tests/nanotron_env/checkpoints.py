@@ -100,7 +100,8 @@ def compare(params: dict, reference: dict) -> list[str]:
         pairs = [(tuple(slice(None) for _ in full.shape),) * 2] if sharded is None else [
             (p.local_slices, p.global_slices) for p in sharded.local_global_slices_pairs]
         if sharded is not None and tuple(sharded.unsharded_shape) != tuple(full.shape):
-            wrong.append(f"{name}: nanotron's full shape {tuple(sharded.unsharded_shape)}, the bridge's {tuple(full.shape)}")
+            wrong.append(f"{name}: nanotron's full shape {tuple(sharded.unsharded_shape)}, "
+                         f"the bridge's {tuple(full.shape)}")
             continue
         for local, glob in pairs:
             if not torch.equal(param.data[local], full[glob].to(param.dtype)):

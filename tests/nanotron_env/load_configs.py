@@ -20,11 +20,12 @@ import standins
 
 standins.activate()
 
-from nanotron.config import Config, Qwen2Config, get_config_from_file
-from nanotron.config.utils_config import serialize
-from nanotron.constants import CHECKPOINT_VERSION
-from nanotron.helpers import lr_scheduler_builder
-from nanotron.nn.attention import ALL_ATTENTION_FUNCTIONS
+# nanotron only after the stand-ins are on the path
+from nanotron.config import Config, Qwen2Config, get_config_from_file  # noqa: E402
+from nanotron.config.utils_config import serialize  # noqa: E402
+from nanotron.constants import CHECKPOINT_VERSION  # noqa: E402
+from nanotron.helpers import lr_scheduler_builder  # noqa: E402
+from nanotron.nn.attention import ALL_ATTENTION_FUNCTIONS  # noqa: E402
 
 
 def strict_model_config(mc: dict):

@@ -1,6 +1,6 @@
 """An evaluation whose result is planted by family and seed, so that a real adaptive sweep's
 statistics have a known outcome: lidas is far better than dense from the first look, looped is
-better too but needs more seeds to show it (tests/test_adaptive.py)."""
+better too but needs more seeds to show it (tests/e2e/test_adaptive.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,7 +19,8 @@ NOISE = [0.01, -0.02, 0.015, 0.0, -0.01, 0.02, -0.015, 0.005]
 declare_evaluation("planted", data=())
 
 
-@evaluation("planted", title="Planted effect", metrics={"planted_score": MetricSpec("planted score", higher_is_better=True)})
+@evaluation("planted", title="Planted effect",
+            metrics={"planted_score": MetricSpec("planted score", higher_is_better=True)})
 def planted(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     base = {"dense": 0.0, "lidas": 10.0 + LIDAS[cfg.seed], "looped": LOOPED[cfg.seed]}[cfg.family.name]
     return JobResult(metrics={"planted_score": base + NOISE[cfg.seed]})

@@ -107,7 +107,7 @@ def test_plots_are_byte_identical_on_rerun_and_in_a_new_process(tmp_path):
     write_report(root, SWEEP)
     assert {p.name: p.read_bytes() for p in plot_dir(root).iterdir()} == first
     subprocess.run([sys.executable, "-c", f"from analysis import write_report; write_report({str(root)!r}, {SWEEP!r})"],
-                   check=True, cwd=Path(__file__).parents[1])
+                   check=True, cwd=Path(__file__).parents[2])  # the repository
     assert {p.name: p.read_bytes() for p in plot_dir(root).iterdir()} == first
     assert b"dc:date" not in first["forest.svg"]
 

@@ -95,7 +95,7 @@ def test_driver_killed_then_rerun_finishes_every_run_and_repairs_damaged_files(
     root, ids = tmp_path / "store", reference["ids"]
     # Both checkpoints kept as training left them, so their unchanged files show that nothing
     # finished was retrained (the default keeps the final weights alone, rewritten once a run is
-    # done: tests/test_sweep_e2e.py).
+    # done: tests/e2e/test_sweep_e2e.py).
     args = (*LONG, "family=lidas,looped,dense", "store.keep_checkpoints=last_two")
     driver = start_sweep(root, *args, name="k")
 

@@ -19,7 +19,7 @@ from orchestrator.executors.slurm import inner_overrides
 from orchestrator.executors.slurm_tools import active
 from store.store import DONE, Store
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # The jobs find this interpreter's environment (the checkout's .venv under `make test`).
 SETUP = f'cluster.setup=["export PATH={Path(sys.executable).parent}:$PATH"]'
 MICRO = ["size=micro", "tracker.enabled=false", "eval.jobs=[regbench]", "cluster.time=00:10:00", SETUP]
@@ -247,7 +247,8 @@ def test_status_says_why_a_job_pends_in_plain_words(slurm_cluster, tmp_path, cap
     script = tmp_path / "big.sbatch"
     script.write_text("#!/bin/bash\n#SBATCH --cpus-per-task=8\n#SBATCH --time=00:01:00\n"
                       f"#SBATCH --output={tmp_path}/%j.out\ntrue\n")
-    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                         check=True).stdout.strip()
     try:
         store = Store(tmp_path / "store")
         store.create()

@@ -1,7 +1,7 @@
 """Adaptive seeding through a real sweep (driver, Ray, store): a comparison the rule settles keeps
 its verdict at later looks, recorded in sweep.yaml with the look that settled it, and its arm gets
 no new seeds; the open arm and its baseline do. The statistics of the rule are tested in
-tests/test_sequential*.py; the evaluation here plants results with a known outcome."""
+tests/unit/test_sequential*.py; the evaluation here plants results with a known outcome."""
 import os
 import subprocess
 import sys
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-PLUGINS = Path(__file__).parent / "plugins"
+PLUGINS = Path(__file__).parent.parent / "plugins"
 
 
 def test_a_settled_arm_gets_no_more_seeds_and_keeps_its_verdict(tmp_path):

@@ -22,7 +22,7 @@ import nanotron_side
 from jobs.families import family_of
 from jobs.nanotron import render, schema
 from jobs.optim import learning_rate
-from orchestrator.config import ConfigError, RunConfig, compose_run, hydra_session
+from orchestrator.config import RunConfig, compose_run, hydra_session
 
 RUN_DIR = Path("/store/runs")
 # The GPU check's nanotron run (bench/gpu_smoke.sh), family added per cell.
@@ -348,42 +348,3 @@ def test_every_field_of_our_schema_is_nanotrons(loaded):
     assert {f.name for f in dataclasses.fields(schema.NanotronConfig)} <= set(fields["config"])
     assert set(schema.ATTN_IMPLEMENTATIONS) <= set(loaded["nanotron"]["attention_implementations"])
     assert loaded["nanotron"]["checkpoint_version"] == "1.5"
-
-
-def test_a_machine_without_the_pinned_nanotron_is_told_how_to_get_it(monkeypatch, tmp_path):
-    """No side environment and no wheel (no ../shared): a skip saying what is missing and the
-    line that gets it, outside CI; a failure in CI, which always has ../shared. A wheel without
-    the environment: a failure naming `make nanotron-env`."""
-    monkeypatch.setattr(nanotron_side, "STAMP", tmp_path / "no-venv" / ".installed")
-    monkeypatch.setattr(nanotron_side, "WHEEL", tmp_path / "no-shared" / "nanotron-0.4-py3-none-any.whl")
-    monkeypatch.delenv("CI", raising=False)
-    with pytest.raises(pytest.skip.Exception) as skipped:
-        nanotron_side.side_python()
-    line = str(skipped.value)
-    assert "\n" not in line and "nanotron at the pinned commit is missing" in line
-    assert f"get it: pip wheel --no-deps -w {nanotron_side.VENDOR} git+https://github.com/huggingface/" \
-           f"nanotron@{schema.NANOTRON_COMMIT} && make nanotron-env" in line
-    monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="CI always has ../shared"):
-        nanotron_side.side_python()
-    nanotron_side.WHEEL.parent.mkdir()
-    nanotron_side.WHEEL.write_bytes(b"")
-    with pytest.raises(pytest.fail.Exception, match="run `make nanotron-env`"):
-        nanotron_side.side_python()
-
-
-def test_attn_implementation_is_rendered_and_validated():
-    cfg = compose("dense-360m")
-    assert cfg.backend.nanotron.attn_implementation == "flash_attention_2"    # conf/'s default
-    assert render.model_config(cfg, 2)["_attn_implementation"] == "flash_attention_2"
-    assert render.model_config(compose("dense-360m", "backend.nanotron.attn_implementation=sdpa"),
-                               2)["_attn_implementation"] == "sdpa"
-    with pytest.raises(ConfigError, match=re.escape(
-            "backend.nanotron.attn_implementation=xformers: not allowed; choose one of: "
-            "flash_attention_2, sdpa, flex_attention")):
-        compose("dense-360m", "backend.nanotron.attn_implementation=xformers")
-    cfg.backend.nanotron.attn_implementation = "xformers"     # past composition: the render refuses it
-    with pytest.raises(schema.SchemaError, match=re.escape(
-            "model.model_config._attn_implementation=xformers: nanotron accepts flash_attention_2, sdpa, "
-            "flex_attention")):
-        render.render_stage(cfg, RUN_DIR, 0, "r")

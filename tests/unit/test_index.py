@@ -1,9 +1,9 @@
 """The store's index (store/index.py): what `status` of a large sweep reads instead of every
-run's files. It must say what the run directories say, whatever happened to it: a torn write, a
-second driver writing and compacting at the same time, damage, loss."""
+run's files. It must say what the run directories say, whatever happened to it: a torn write,
+damage, loss (a second driver writing and compacting at the same time:
+tests/e2e/test_index_concurrent_writers.py)."""
 import io
 import json
-import multiprocessing as mp
 import os
 
 from rich.console import Console
@@ -98,54 +98,6 @@ def test_a_lost_index_is_rebuilt_and_status_says_so(tmp_path):
     assert _indexed(store) == _truth(store)
 
 
-def _driver(root: str, ids: list[str], rounds: int) -> None:
-    """A second driver: runs jobs of its own runs and of shared ones, compacting as it goes."""
-    store = Store(root)
-    for i in range(rounds):
-        for rid in ids:
-            _finish(store, rid, error="ValueError: boom" if (i + len(rid)) % 3 == 0 else None)
-        index.compact(root)
-
-
-def test_two_drivers_writing_and_compacting_at_once_agree_with_the_run_directories(tmp_path):
-    store = Store(tmp_path)
-    store.create()
-    mine, theirs, shared = ([f"{p}{i}" for i in range(15)] for p in ("a", "b", "c"))
-    ctx = mp.get_context("fork")
-    drivers = [ctx.Process(target=_driver, args=(str(tmp_path), ids + shared, 4)) for ids in (mine, theirs)]
-    for d in drivers:
-        d.start()
-    for d in drivers:
-        d.join(120)
-        assert d.exitcode == 0
-    assert len(_truth(store)) == 45
-    assert _indexed(store) == _truth(store)
-    assert index.compact(str(store.root))  # both writers are gone: their journals are folded and removed
-    assert _indexed(store) == _truth(store)
-    assert os.listdir(os.path.join(index.directory(str(store.root)), index.JOURNAL)) == []
-
-
-def test_compaction_keeps_the_journal_of_a_live_writer(tmp_path):
-    store = _store(tmp_path, runs=2)
-    ctx = mp.get_context("fork")
-    ready, finish = ctx.Event(), ctx.Event()
-
-    def writer() -> None:
-        _finish(Store(tmp_path), "late")
-        ready.set()
-        finish.wait(60)
-        _finish(Store(tmp_path), "later")
-
-    p = ctx.Process(target=writer)
-    p.start()
-    assert ready.wait(60)
-    assert index.compact(str(store.root))
-    finish.set()
-    p.join(60)
-    assert p.exitcode == 0
-    assert _indexed(store) == _truth(store) and {"late", "later"} <= _indexed(store).keys()
-
-
 def test_snapshots_are_created_whole_under_new_names(tmp_path):
     """Two compactors race for one generation: exactly one creates it, never a mix of both."""
     store = _store(tmp_path, runs=3)
@@ -219,7 +171,8 @@ def test_a_sweep_folds_its_journals_so_status_reads_one_snapshot(tmp_path):
     index.fold(root)
     folded = index.read(root)
     assert folded.unfolded == 0 and folded.generation == 0
-    assert os.listdir(os.path.join(index.directory(root), index.JOURNAL)) == [os.path.basename(index.journal(root).path)]
+    journals = os.listdir(os.path.join(index.directory(root), index.JOURNAL))
+    assert journals == [os.path.basename(index.journal(root).path)]
     index.fold(root)  # the journals hold nothing new: no new generation
     assert index.read(root).generation == 0
     assert {rid: rec["status"] for rid, rec in folded.runs.items()} == _truth(store)

@@ -84,14 +84,15 @@ def test_comparison_sentences(store):
     report = write_report(store, "demo").read_text()
     for family in ("lidas", "looped"):
         for size in ("small", "tiny"):
-            line = next(l for l in report.splitlines() if l.startswith(f"- {family} vs dense, RegBench TVD, {size}:"))
+            line = next(text for text in report.splitlines()
+                        if text.startswith(f"- {family} vs dense, RegBench TVD, {size}:"))
             raw = float(re.search(r": ([-+][\d.]+(?:e[-+]?\d+)?), ", line).group(1))
             expected = (metric_values(store, family, size, "regbench_tvd")
                         - metric_values(store, "dense", size, "regbench_tvd")).mean()
             assert raw == pytest.approx(expected, rel=1e-3)
             assert ("better" if expected < 0 else "worse") in line.split(",")[3]
             assert "paired t, 3 seeds, Holm p = " in line and "sign-flip p = " in line
-    lidas_tiny = next(l for l in report.splitlines() if l.startswith("- lidas vs dense, RegBench TVD, tiny:"))
+    lidas_tiny = next(line for line in report.splitlines() if line.startswith("- lidas vs dense, RegBench TVD, tiny:"))
     assert "3/3 seeds better; sign-flip p = 0.25 (the smallest possible)" in lidas_tiny
     assert "**RegBench accuracy against dense** (exploratory, Benjamini-Hochberg):" in report
     assert not [line for line in report.splitlines() if line.startswith("**in-context")]  # references: not compared
@@ -433,7 +434,8 @@ def test_render_html_converts_the_emitted_markdown():
     markdown = ("# Sweep `a`: results\n\n- **Runs:** 3 < 4\n- two\n\n| family | x |\n|---|---|\n"
                 "| *ref* | a \\| b |\n\n> **Warning:** careful\n\nline one\nline two\n\n![plot](plots/p.png)\n")
     page = render_html(markdown, {"plots/p.png": b"PNG"})
-    assert "<title>Sweep a: results</title>" in page and '<h1 id="sweep-a-results">Sweep <code>a</code>: results</h1>' in page
+    assert "<title>Sweep a: results</title>" in page
+    assert '<h1 id="sweep-a-results">Sweep <code>a</code>: results</h1>' in page
     assert "<ul>\n<li><strong>Runs:</strong> 3 &lt; 4</li>\n<li>two</li>\n</ul>" in page
     assert "<thead>\n<tr>\n<th>family</th>\n<th>x</th>\n</tr>\n</thead>" in page
     assert "<tr>\n<td><em>ref</em></td>\n<td>a | b</td>\n</tr>" in page
@@ -469,7 +471,8 @@ def test_sections_declared_by_the_jobs(tmp_path):
     report = render_markdown(analyse(root, "jobs"), figures=[])
 
     assert EVALUATIONS["induction"].curves["induction_heads"].caption in section(report, "Induction heads")
-    ranking = {(r["family"], r["seed"]): r["top 3"] for r in markdown_table(report, "### Top induction heads per run\n")}
+    ranking = {(r["family"], r["seed"]): r["top 3"]
+               for r in markdown_table(report, "### Top induction heads per run\n")}
     assert ranking[("dense", "0")] == "L1.H1 0.9; L2.H0 0.5; L3.H1 0.3"
     assert ranking[("lidas", "2")] == "L1.H1 0.7; L2.H0 0.5; L0.H0 0.4"
 
@@ -543,7 +546,8 @@ def test_the_confirmatory_family_follows_the_papers_claims_per_data_kind():
     from analysis.compute import confirmatory
     from jobs.registry import TRAIN
 
-    specs = {name: spec for job in (TRAIN, *(ev for _, ev in EVALUATIONS.items())) for name, spec in job.metrics.items()}
+    specs = {name: spec for job in (TRAIN, *(ev for _, ev in EVALUATIONS.items()))
+             for name, spec in job.metrics.items()}
     assert confirmatory(specs, {"regbench"}) == ("regbench_tvd", "ablation_drop_f1", "induction_max")
     assert confirmatory(specs, {"arith"}) == ("gsm8k_em_strict",)
     assert all(specs[m].claim for m in confirmatory(specs, {"regbench", "arith"}))  # each a claim of the paper
@@ -570,7 +574,7 @@ def test_report_is_the_one_written_before_the_store_index_and_the_summarised_tab
     faster readers (the configs file, the loader's single pass, the summarised run tables) wrote it
     (tests/data/report_before_scale, written by commit 683327b)."""
     report = write_report(request.getfixturevalue(fixture), name).read_text()
-    assert report == (Path(__file__).parent / "data" / "report_before_scale" / f"{fixture}.md").read_text()
+    assert report == (Path(__file__).parent.parent / "data" / "report_before_scale" / f"{fixture}.md").read_text()
 
 
 def test_run_files_handed_over_are_not_read_again_and_give_the_same_report(store, monkeypatch):

@@ -1,6 +1,6 @@
 """Security: no secret from the environment in any file a sweep writes, every port a sweep
 opens either on 127.0.0.1 or one of Ray's own token-authenticated core servers, and checkpoints
-that are never unpickled into arbitrary objects. (Slurm script quoting: tests/test_slurm.py.)"""
+that are never unpickled into arbitrary objects. (Slurm script quoting: tests/e2e/test_slurm.py.)"""
 import ast
 import os
 import pickle
@@ -18,7 +18,7 @@ from jobs.checkpoint import checkpoint_paths, latest_checkpoint, load_checkpoint
 from orchestrator import grid
 from orchestrator.config import ConfigError
 
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[2]
 SECRETS = {  # shaped like the real ones, so redaction by shape is exercised too
     "WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567",
     "HF_TOKEN": "hf_QmVyeVNlY3JldFRva2VuRm9yVGVzdHM",

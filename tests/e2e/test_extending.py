@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-PLUGINS = Path(__file__).parent / "plugins"
+PLUGINS = Path(__file__).parent.parent / "plugins"
 GRID = ["size=micro", "family=dense,lidas", "seed=0", "tracker=none", "train.steps=8", "train.warmup_steps=1",
         "train.log_every=2", "train.checkpoint_every=4"]
 

@@ -1,7 +1,7 @@
 """W&B tracking, checked on what wandb itself wrote offline (its `run-<id>.wandb` transaction
 logs): one W&B run per store run holding its training and its evaluations, the sweep's analysis
 run, resumes that continue the same run, no secret in any file, and W&B trouble that never fails
-a job."""
+a job. The config helpers and the W&B environment of each test are test_tracking_config's."""
 import dataclasses
 import json
 import os
@@ -9,7 +9,6 @@ import struct
 import subprocess
 import sys
 import time
-import warnings
 import zlib
 from pathlib import Path
 
@@ -21,29 +20,14 @@ wandb = pytest.importorskip("wandb")
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 from jobs.contract import Job  # noqa: E402
-from orchestrator import grid, tracking, worker  # noqa: E402
+from orchestrator import tracking, worker  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
-from orchestrator.config import ConfigError  # noqa: E402
 from orchestrator.identity import run_id  # noqa: E402
 from store.store import Store  # noqa: E402
+from test_tracking_config import FAKE_KEY, UNREACHABLE, micro, with_tracker  # noqa: E402
+from test_tracking_config import base_cfg, w_and_b_env  # noqa: E402, F401 (fixtures; w_and_b_env is autouse)
 
-FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # shaped like a W&B API key
 FAKE_TOKEN = "sk-test-4f9c2b7e1a6d8e3f5b0c9d"
-UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, nothing is ever uploaded
-
-
-@pytest.fixture(autouse=True)
-def w_and_b_env(monkeypatch):
-    """A fake key, a server that cannot be reached, and W&B's directory variables restored after
-    each test (tracking sets them in-process to keep W&B's files in the store)."""
-    for var in ("WANDB_MODE", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_DIR"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
-    monkeypatch.setenv("WANDB_BASE_URL", UNREACHABLE)
-    monkeypatch.setattr(tracking, "_warnings_log", None)
-    wandb.teardown()  # W&B's settings singleton re-reads the environment
-    yield
-    wandb.teardown()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,32 +205,6 @@ def test_wandb_sync_fails_cleanly_offline_and_runs_wandb_sync_online(swept, monk
 # ---------------------------------------------------------------------------------------------
 # Direct calls
 
-def micro(*overrides: str):
-    points, _ = grid.expand(["size=micro", "family=dense", "seed=0", "eval.jobs=[regbench]", *overrides])
-    return points[0].config
-
-
-@pytest.fixture(scope="module")
-def base_cfg():
-    return micro()
-
-
-def with_tracker(cfg, **tracker):
-    return dataclasses.replace(cfg, tracker=dataclasses.replace(cfg.tracker, **tracker))
-
-
-def test_tracker_config_defaults_checks_and_run_id():
-    cfg, off = micro(), micro("tracker=none")
-    assert cfg.tracker.enabled is None and cfg.tracker.log_every == 5
-    assert off.tracker.enabled is False and not tracking.enabled(off.tracker)
-    online = micro("tracker.mode=online")
-    assert len({run_id(cfg), run_id(off), run_id(online)}) == 1
-    for overrides, needle in [(["tracker.mode=loud"], "tracker.mode=loud: not allowed"),
-                              (["tracker.log_every=7"], "multiple of train.log_every=5"),
-                              (["tracker=wandbb"], "tracker=wandbb: no such tracker")]:
-        with pytest.raises(ConfigError, match=needle):
-            micro(*overrides)
-
 
 def test_resume_continues_the_same_run_and_logs_every_nth_step(tmp_path, base_cfg):
     cfg = with_tracker(base_cfg, log_every=10)
@@ -288,24 +246,6 @@ def test_secrets_never_reach_any_file(tmp_path):
     assert_nowhere(tmp_path, FAKE_KEY, FAKE_TOKEN, "hunter2", "plain words")
 
 
-def test_tracking_off_writes_nothing_and_needs_no_wandb(tmp_path, base_cfg, monkeypatch):
-    off = with_tracker(base_cfg, enabled=False)
-    report = print
-    assert tracking.open_run(off, "r", "train", tmp_path).progress(report) is report
-    store = Store(tmp_path)
-    store.record_sweep("off", ["family=dense", "tracker=none"], [])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tracking.TrackingWarning)
-        assert tracking.log_sweep(store, "off", analysis=None, t=off.tracker) is None  # not even looked at
-    real = tracking.importlib.util.find_spec
-    monkeypatch.setattr(tracking.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "wandb" else real(name, *a))
-    assert not tracking.open_run(base_cfg, "r", "train", tmp_path).active
-    with pytest.raises(ConfigError, match="wandb package is not installed"):
-        micro("tracker.enabled=true")
-    assert not (tmp_path / "wandb").exists()
-
-
 def test_a_failed_job_fails_and_marks_its_wandb_session_failed(tmp_path, base_cfg, monkeypatch):
     def crash(cfg, run_dir, progress):
         progress({"step": 5, "total_steps": 40, "loss": 2.0})
@@ -329,31 +269,6 @@ def test_an_unreachable_server_falls_back_to_offline(tmp_path, base_cfg, monkeyp
     tracker.finish()
     assert run_ids_on_disk(tmp_path) == {"fallback0001"}
     assert "logging offline" in (tmp_path / "wandb" / "warnings.log").read_text()
-
-
-def test_wandb_errors_are_warnings_never_failures(tmp_path, base_cfg, monkeypatch):
-    def boom(*args, **kwargs):
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(wandb, "init", boom)
-    with pytest.warns(tracking.TrackingWarning, match="offline init of dense-micro-s0 .*boom"):
-        assert not tracking.open_run(base_cfg, "r", "train", tmp_path).active
-
-    class Broken:
-        summary: dict = {}
-
-        def log(self, *args, **kwargs):
-            raise RuntimeError("disk full")
-
-        def finish(self, exit_code=0):
-            raise RuntimeError("still broken")
-
-    tracker = tracking.Tracker(Broken(), train=True)
-    with pytest.warns(tracking.TrackingWarning, match="log failed .*disk full"):
-        tracker.progress(lambda p: None)({"step": 1, "total_steps": 1, "loss": 1.0})
-    assert not tracker.active
-    tracker.record({"metrics": {"x": 1.0}})
-    tracker.finish()
 
 
 def test_the_wandb_workspace_of_a_real_offline_sweep(swept, capsys, monkeypatch):

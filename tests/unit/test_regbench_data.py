@@ -151,7 +151,7 @@ def test_heldout_set_deterministic_and_read_only():
 
 
 def test_a_space_too_small_for_the_pools_is_refused():
-    """Ranges are checked at planning (tests/test_config.py); an automaton space too small for the
+    """Ranges are checked at planning (tests/unit/test_config.py); an automaton space too small for the
     pools asked for is found only when sampling."""
     with pytest.raises(ValueError, match="could not find 40 distinct automata"):
         sample_automata(dataclasses.replace(SMALL, num_states=[2, 2], alphabet_size=[1, 1], heldout_automata=40))

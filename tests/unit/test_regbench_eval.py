@@ -89,8 +89,9 @@ def test_scored_positions_are_the_reference_codes(eval_set):
 
 def test_ngram_counts_match_hand_computation():
     inputs = np.array([[SEP, 0, 1, SEP, 0, 2, SEP, 0, PAD]])  # | a b | a c | a .
-    smooth = lambda counts: (np.array(counts, float) + ALPHA) / (sum(counts) + N_SYMBOLS * ALPHA)
-    expected = lambda counts: smooth(list(counts) + [0] * (N_SYMBOLS - len(counts)))
+    def expected(counts: list[int]) -> np.ndarray:  # add-ALPHA smoothing of the counts of symbols 0, 1, ...
+        padded = np.array(list(counts) + [0] * (N_SYMBOLS - len(counts)), float)
+        return (padded + ALPHA) / (sum(counts) + N_SYMBOLS * ALPHA)
     unigram, bigram, trigram = (ngram_distributions(inputs, order, ALPHA)[0] for order in (1, 2, 3))
     np.testing.assert_allclose(unigram[7], expected([3, 1, 1]))  # a a a, b, c up to position 7
     np.testing.assert_allclose(bigram[7], expected([0, 1, 1]))  # a -> b, a -> c
@@ -177,7 +178,7 @@ def slow_backoff(tokens, order: int) -> np.ndarray:
                     counts[tuple(padded[end - n:end])] += 1
         vocab = sorted({c for string in strings for c in string})
 
-        def level(context: tuple, n: int) -> dict:
+        def level(context: tuple, n: int, counts: Counter = counts, vocab: list = vocab) -> dict:
             if n == 1:
                 total = sum(counts[(c,)] for c in vocab)
                 return {c: counts[(c,)] / total for c in vocab}

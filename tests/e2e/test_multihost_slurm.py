@@ -154,7 +154,8 @@ def test_a_host_lost_inside_a_two_host_allocation_resumes_on_resubmission(bed):
     store, name = bed.shared("nodefail"), "two-hosts"
     args = [*RUN, *ALLOCATION]
     assert "submitted Slurm allocation job" in submit(bed, store, name, *args)
-    wait_for(lambda: (training(store, 40) and signal_ranks(bed, (2, 3), signal.SIGSTOP)) or (over(bed, store, name) and "over"),
+    wait_for(lambda: (training(store, 40) and signal_ranks(bed, (2, 3), signal.SIGSTOP))
+             or (over(bed, store, name) and "over"),
              timeout=300)
     assert not over(bed, store, name), logs(store, name)
     status = cli(bed, "status", name, "--store", str(store)).stdout
