@@ -28,7 +28,7 @@ def test_every_store_command_takes_store_root_as_sweep_does(tmp_path, capsys):
     assert main(["report", "one", f"store.root={store.root}"]) == 1  # found; nothing finished yet
     assert "no finished runs yet" in capsys.readouterr().out
     assert main(["status", f"store.root={tmp_path / 'nowhere'}"]) == 1
-    assert "no sweeps in" in capsys.readouterr().out
+    assert "no sweeps in" in capsys.readouterr().err
 
 
 def test_help_lists_the_config_groups_and_points_to_the_docs(capsys):

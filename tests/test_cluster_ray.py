@@ -73,10 +73,10 @@ def test_a_driver_without_the_token_is_refused_in_one_line(head, tmp_path):
     refused = subprocess.run([*CLI, f"cluster.address={address}", f"store.root={tmp_path / 's'}"],
                              env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1, refused.stdout + refused.stderr
-    line = [s for s in refused.stdout.splitlines() if s.startswith("error:")]
+    line = [s for s in refused.stderr.splitlines() if s.startswith("error:")]
     assert line and "RAY_AUTH_TOKEN" in line[0], refused.stdout + refused.stderr
 
 
 def test_cluster_ray_needs_an_address():
     out = subprocess.run([*CLI, "--dry-run"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "cluster.address: cluster=ray needs the address" in out.stdout
+    assert out.returncode == 2 and "cluster.address: cluster=ray needs the address" in out.stderr
