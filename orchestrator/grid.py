@@ -56,7 +56,7 @@ def _refuse_foreign_habits(cli_overrides: list[str]) -> None:
         if m := DOTTED_RANGE.fullmatch(o):
             key, first, last = m.group(1), int(m.group(2)), int(m.group(3))
             raise ConfigError(f"{o}: Hydra has no a..b ranges; write {key}='range({first},{last + 1})' "
-                              f"(quoted for the shell; the end is exclusive) or {key}={first},...,{last}")
+                              f"(quoted for the shell; the end is exclusive)")
         if re.split(r"[./=]", o.lstrip("+~"), maxsplit=1)[0] == "hydra":
             raise ConfigError(f"{o}: Hydra's runtime settings (hydra.*) do not apply here: every file "
                               f"goes under store.root and the working directory never changes; drop it "

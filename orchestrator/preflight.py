@@ -74,7 +74,7 @@ def _estimates(todo: list[PlannedRun]) -> list[str]:
     slow = sorted((r for r in todo if cpu_hours(r.config) > CPU_HOURS_WARNED), key=lambda r: -cpu_hours(r.config))
     if slow:
         c = slow[0].config
-        warnings.append(f"{len(slow)} runs train on CPUs for more than {CPU_HOURS_WARNED:g} hours each, e.g. "
+        warnings.append(f"{_runs(slow)} on CPUs for more than {CPU_HOURS_WARNED:g} hours each, e.g. "
                         f"{slow[0].label}: {slow[0].cost:.2e} FLOPs, about {cpu_hours(c):,.0f} hours on "
                         f"resources.cpus={c.resources.cpus}; choose a smaller size, fewer train.steps or GPUs")
     big = sorted((r for r in todo if r.config.resources.gpus <= 0  # GPU jobs train in the GPU's memory
@@ -82,7 +82,11 @@ def _estimates(todo: list[PlannedRun]) -> list[str]:
                  key=lambda r: -training_memory_gb(r.config))
     if big:
         c = big[0].config
-        warnings.append(f"{len(big)} runs need more memory than resources.memory_gb to train, e.g. {big[0].label}: "
+        warnings.append(f"{_runs(big)} in more memory than resources.memory_gb, e.g. {big[0].label}: "
                         f"about {training_memory_gb(c):,.1f} GB (weights, gradients and Adam's moments) against "
                         f"resources.memory_gb={c.resources.memory_gb:g}; raise it or choose a smaller size")
     return warnings
+
+
+def _runs(runs: list[PlannedRun]) -> str:
+    return "1 run trains" if len(runs) == 1 else f"{len(runs)} runs train"
