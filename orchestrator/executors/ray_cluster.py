@@ -5,13 +5,12 @@ sweep, as on every node. Where the nodes do not share this machine's files, the 
 shipped to them with Ray's runtime_env."""
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
+import subprocess
 import sys
-import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 from common.settings import require, setting
 from orchestrator.executors import CLUSTERS, ClusterConfig
@@ -42,34 +41,59 @@ class RayClusterExecutor(RayExecutor):
                 f"cluster.connect_timeout_s={self.config.connect_timeout_s:g})")
 
     def connect(self) -> None:
-        """ray.init at cluster.address within cluster.connect_timeout_s, or one line naming the
-        address: Ray itself retries a head that does not answer for ever, printing a warning
-        every few seconds."""
+        """ray.init at cluster.address, once a child process joined the cluster within
+        cluster.connect_timeout_s; else one line naming the address. Ray retries a head that
+        does not answer for ever, printing a warning a second, and cannot be interrupted while it
+        waits: the child can be killed, and its output (those warnings) is dropped."""
         import ray
 
         address, timeout = self.config.address, self.config.connect_timeout_s
+        problem = _join_problem(address, timeout)
+        if problem == TIMED_OUT:
+            raise RuntimeError(f"cluster.address={address}: no Ray cluster answered within {timeout:g} s; "
+                               f"{self._fix()}")
+        if problem and "AuthenticationError" not in problem:
+            raise RuntimeError(
+                f"cluster.address={address}: cannot connect to Ray ({problem}); check that `ray start "
+                f"--head` runs there and, with token authentication (Ray's default), that this shell "
+                f"exports the cluster's RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)")
         kwargs = dict(RAY_OPTIONS)
         if self.config.ships_code():
             kwargs["runtime_env"] = {"working_dir": str(PROJECT_ROOT), "excludes": SHIP_EXCLUDES}
-        # Ray's own wait for the head, in seconds, and its C++ warnings on stderr, while it waits.
-        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(max(1, int(timeout))))
         try:
-            with _stderr_silenced():
-                _within(timeout, lambda: ray.init(address=address, **kwargs))
-        except TimeoutError:
-            raise RuntimeError(f"cluster.address={address}: no Ray cluster answered within {timeout:g} s "
-                               f"(something listens there, but not Ray's head); {self._fix()}") from None
+            ray.init(address=address, **kwargs)
         except ray.exceptions.AuthenticationError:
             raise RuntimeError(
                 f"cluster.address={address}: the Ray cluster refused this driver's token; export the "
                 f"cluster's RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH), the same "
                 f"on every node") from None
-        except ConnectionError as e:  # also what a driver without the cluster's token gets
-            raise RuntimeError(
-                f"cluster.address={address}: cannot connect to Ray ({str(e).strip().splitlines()[0]}); "
-                f"check that `ray start --head` runs there and, with token authentication (Ray's "
-                f"default), that this shell exports the cluster's RAY_AUTH_MODE=token and "
-                f"RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)") from None
+
+
+TIMED_OUT = "timed out"
+# A driver that joins the cluster and leaves; its last line on failure is the exception.
+JOIN = ("import sys, ray\n"
+        "try:\n"
+        "    ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR')\n"
+        "except Exception as e:\n"
+        "    sys.exit(f'{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else \"\"}')\n"
+        "ray.shutdown()\n")
+
+
+def _join_problem(address: str, timeout: float) -> Optional[str]:
+    """Why a driver could not join the cluster at `address` within `timeout` seconds (TIMED_OUT,
+    or the exception's line), or None."""
+    # Ray's own wait for the head (a second per try), short of ours: a head that answers but
+    # refuses (no token) gets Ray's error, not our timeout.
+    env = {**os.environ, "RAY_gcs_server_port_wait_time_s": str(max(1, int(timeout * 2 / 3)))}
+    try:
+        done = subprocess.run([sys.executable, "-c", JOIN, address], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return TIMED_OUT
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
 
 
 def _not_listening(address: str, timeout: float) -> Optional[str]:
@@ -84,42 +108,6 @@ def _not_listening(address: str, timeout: float) -> Optional[str]:
         return f"no answer within {timeout:g} s"
     except OSError as e:
         return f"nothing listening there ({e.strerror or e})"
-
-
-def _within(seconds: float, call: Callable[[], Any]) -> Any:
-    """`call()` in a thread, waited for at most `seconds` (TimeoutError then; the thread is left
-    to the process's exit); its exception, if any, raised here."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as e:  # noqa: BLE001  handed to the caller
-            outcome["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True, name="ray-connect")
-    thread.start()
-    thread.join(max(0.0, seconds))
-    if thread.is_alive():
-        raise TimeoutError
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
-
-
-@contextlib.contextmanager
-def _stderr_silenced() -> Iterator[None]:
-    """File descriptor 2 to /dev/null for the block: what Ray's C++ core prints there while it
-    connects (a warning a second), which Python's logging settings do not reach."""
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 @CLUSTERS.register("ray")
