@@ -243,7 +243,7 @@ class Feed:
 
 def infrastructure_failures() -> list[type[Exception]]:
     """The exceptions a task is retried for (up to train.max_retries): failures of where a job
-    ran, which may not recur, never the job's own exceptions, which would (a bad seed, a loss
+    ran, which may not recur, never the job's own exceptions, which would (a bad value, a loss
     that turns NaN, a full disk: the job's one-line error goes to its state at once). Ray
     retries a task whose worker or node died, an OOM kill included, by itself; these are the
     same failures met inside a task: a multi-node job's node task that died, a lost object."""
