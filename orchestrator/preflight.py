@@ -16,6 +16,7 @@ from typing import Any
 from common.settings import ConfigError, require
 from orchestrator import grid
 from orchestrator.executors import Executor
+from orchestrator.identity import NON_SEMANTIC
 from orchestrator.plan import PlannedRun, cpu_hours, training_memory_gb
 from orchestrator.store import Store
 
@@ -49,8 +50,9 @@ def _check_adaptive(configs: list[Any]) -> None:
 
 
 def _check_name(name: str, overrides: list[str], store: Store) -> None:
-    """A recorded sweep is extended only by its own grid (other seeds, clusters, stores and trackers
-    allowed): `--name` reused for another grid would mix two experiments in one report."""
+    """A recorded sweep is extended only by its own grid: `--name` reused for another grid would
+    mix two experiments in one report. Keys that do not change a run's results (identity.py's
+    NON_SEMANTIC: where it runs, the evaluations listed, ...) and the seeds may differ."""
     if name not in store.sweeps():
         return
     try:
@@ -58,7 +60,8 @@ def _check_name(name: str, overrides: list[str], store: Store) -> None:
     except ConfigError:  # recorded by an earlier version in words this one refuses: not comparable
         return
     now = grid.named_axes_of(overrides)
-    differ = [key for key in sorted(recorded.keys() | now.keys()) if recorded.get(key) != now.get(key)]
+    differ = [key for key in sorted(recorded.keys() | now.keys())
+              if recorded.get(key) != now.get(key) and not _non_semantic(key)]
     if differ:
         def values(axes: dict[str, list[str]], key: str) -> str:
             return ",".join(axes[key]) if key in axes else "(default)"
@@ -66,6 +69,10 @@ def _check_name(name: str, overrides: list[str], store: Store) -> None:
                           + "; ".join(f"{key}={values(now, key)} here, {values(recorded, key)} recorded"
                                       for key in differ)
                           + "); choose another --name, or give the recorded overrides (other seeds extend it)")
+
+
+def _non_semantic(key: str) -> bool:
+    return any(key == k or key.startswith(f"{k}.") or key.startswith(f"{k}/") for k in NON_SEMANTIC)
 
 
 def _estimates(todo: list[PlannedRun]) -> list[str]:

@@ -245,7 +245,7 @@ def test_estimates_far_beyond_the_resources_are_warned_with_the_estimate(tmp_pat
 
 def test_the_same_name_extends_with_other_seeds_and_clusters(stores, capsys):
     """`--name demo` of the recorded grid (family=dense) with other seeds, another cluster
-    setting or tracker passes the name check (the dry run lists its runs)."""
+    setting, tracker or list of evaluations (none changes a run's id) passes the name check."""
     got, lines = run_case(["sweep", "--dry-run", "family=dense", "seed=5,6", "cluster.num_cpus=1", "tracker=none",
-                           "--name", "demo"], stores, capsys)
+                           "eval.jobs=[regbench]", "--name", "demo"], stores, capsys)
     assert got == 0, lines
