@@ -5,16 +5,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
+# Where torch comes from. Empty: the default index, whose torch==2.13.0 for Linux is the CUDA build
+# (its nvidia-* wheels are gigabytes). The CPU build (about 200 MB), for machines without a GPU:
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Only the torch install reads it; every other package comes from the default index.
+TORCH_INDEX ?=
+TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
 .PHONY: setup run lint check test bench docs lock clean nanotron-env nanotron-lock
 
 setup: $(STAMP)
 
-# torch first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
+# torch first, pinned and from TORCH_INDEX: the project's requirements then find it installed.
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet $(TORCH_FROM) $(TORCH)
 	$(PY) -m pip install --quiet -c requirements.lock -e '.[test]'
 	touch $(STAMP)
 
@@ -54,7 +60,8 @@ bench: setup
 	$(PY) bench/analysis_speed.py --markdown $(BENCH_MD)/analysis_speed.md
 	$(PY) bench/scale.py --markdown $(BENCH_MD)/scale.md
 
-# The manual (mkdocs.yml, docs/), built into outputs/site; `.venv/bin/mkdocs serve` previews it.
+# The manual (mkdocs.yml, docs/), built into site/ (git-ignored): open site/index.html, no server
+# needed (file:// links, offline search); `.venv/bin/mkdocs serve` previews it while editing.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
@@ -83,7 +90,7 @@ $(NT_STAMP): $(NT_REQ) $(NT_LOCK) $(NT_WHEEL)
 	if [ -f $(NANOTRON_VENDOR)/SHA256SUMS ]; then cd $(NANOTRON_VENDOR) && sha256sum --quiet -c SHA256SUMS; fi
 	test -x $(NT_PY) || $(PYTHON) -m venv $(NT_VENV)
 	$(NT_PY) -m pip install --quiet --upgrade pip
-	$(NT_PY) -m pip install --quiet $(TORCH)
+	$(NT_PY) -m pip install --quiet $(TORCH_FROM) $(TORCH)
 	$(NT_PY) -m pip install --quiet -c $(NT_LOCK) -r $(NT_REQ)
 	$(NT_PY) -m pip install --quiet --no-deps --force-reinstall $(NT_WHEEL)
 	touch $(NT_STAMP)
@@ -93,4 +100,4 @@ nanotron-lock:
 	{ sed -n '1,2p' $(NT_LOCK); cat $(NT_LOCK).new; } > $(NT_LOCK).tmp && rm $(NT_LOCK).new && mv $(NT_LOCK).tmp $(NT_LOCK)
 
 clean:
-	rm -rf $(VENV) $(NT_VENV) outputs
+	rm -rf $(VENV) $(NT_VENV) outputs site

@@ -18,7 +18,7 @@ violation is one `ConfigError` line naming the key, the value and what is allowe
 
 Defaults live in conf/ (Hydra's config groups), not here: a field without a default is
 `MISSING` until composition fills it. A field may carry a default only where conf/ does not set
-it (tests/test_config.py checks that both never disagree).
+it (tests/unit/test_config.py checks that both never disagree).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 # rendered here). Caution: at the pinned commit, Qwen2Attention.forward takes the packed-qkv path
 # (_use_qkv_packed, default true; the other branch is commented out) and calls
 # flash_attn_varlen_kvpacked_func whatever this says, so sdpa does not make nanotron run without
-# flash-attn there (tests/test_nanotron_checkpoints.py pins this fact).
+# flash-attn there (tests/e2e/test_nanotron_checkpoints.py pins this fact).
 ATTN_IMPLEMENTATIONS = ("flash_attention_2", "sdpa", "flex_attention")
 
 

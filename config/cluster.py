@@ -59,6 +59,7 @@ class RayClusterConfig(ClusterConfig):
     """An existing Ray cluster."""
     address: Optional[str] = setting()     # head-ip:6379, or auto
     ship_code: Optional[bool] = setting()  # null: ship the project unless the address is on this machine
+    connect_timeout_s: float = setting(gt=0)  # to reach the head before the sweep is refused
 
     def check(self, run: RunConfig) -> None:
         require(bool(self.address), "cluster.address: cluster=ray needs the address of a running cluster, "

@@ -7,6 +7,7 @@ same). Exit codes: 0 success, 1 a runtime problem (failed runs, store trouble), 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from typing import Any, NoReturn, Optional
@@ -21,15 +22,31 @@ from store.store import Store, StoreError
 # The commands import what they need when they run: composing and reporting bring in Hydra, torch
 # and the analysis (seconds), which `status` has no use for.
 
+
+class _Console(Console):
+    """rich's console, but a reader that went away (`| tee log` ended by the same Ctrl-C, `| head`)
+    silences the output instead of exiting at once: the driver goes on to record its jobs'
+    ends (interrupted, with exit 130), which the store keeps and `status` shows."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.file.fileno())  # and for Python's own flush at exit
+        os.close(devnull)
+
+
 # Logs (CI, nohup) get a wide fixed width instead of rich's 80 columns, so tables stay readable.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+console = _Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+# Errors on stderr, one line, as wide as it takes (a log or a terminal wraps it, not rich).
+errors = _Console(stderr=True, highlight=False, soft_wrap=True)
 STORE_DEFAULT = "outputs"
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from orchestrator import sweep as sweeps
 
-    sweep = sweeps.Sweep.compose(args.overrides, args.name, console)
+    overrides = [*args.overrides, *([f"store.root={args.store}"] if args.store else [])]
+    sweep = sweeps.Sweep.compose(overrides, args.name, console)
     return sweep.dry_run() if args.dry_run else sweep.run()
 
 
@@ -110,9 +127,20 @@ class _Parser(argparse.ArgumentParser):
     with the config groups, listed only when the help is shown (listing them imports every
     component)."""
 
-    def __init__(self, *args: Any, groups: bool = False, **kwargs: Any):
+    def __init__(self, *args: Any, groups: bool = False, intermixed: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.groups = groups
+        self.groups, self.intermixed = groups, intermixed
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """With `intermixed`, flags may come between the positional arguments (`sweep family=dense
+        --dry-run seed=0,1`), as Hydra's command lines have them."""
+        if not self.intermixed:
+            return super().parse_known_args(args, namespace)
+        self.intermixed = False  # parse_known_intermixed_args parses through this method
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self.intermixed = True
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
@@ -123,8 +151,19 @@ class _Parser(argparse.ArgumentParser):
         return super().format_help()
 
 
-def _store_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", default=STORE_DEFAULT, help=f"store root, as store.root=<dir> (default: {STORE_DEFAULT})")
+class _Refused(argparse.Action):
+    """A flag from another tool's habits: refused with what to do instead (exit 2)."""
+
+    def __init__(self, *args: Any, fix: str, **kwargs: Any):
+        super().__init__(*args, nargs=0, **kwargs)
+        self.fix = fix
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> NoReturn:
+        parser.error(f"{'/'.join(self.option_strings)}: {self.fix}")
+
+
+def _store_arguments(p: argparse.ArgumentParser, default: Optional[str] = STORE_DEFAULT) -> None:
+    p.add_argument("--store", default=default, help=f"store root, as store.root=<dir> (default: {STORE_DEFAULT})")
 
 
 DESCRIPTION = """Train the dense, LIDAS and looped families over many seeds and analyse them.
@@ -161,10 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    " not yet done (a sweep resumes where it stopped).",
                        groups=True, epilog=f"{MANUAL}: sweeps.md (the grid grammar, names, adaptive"
                               " seeding), clusters.md (where runs go).",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter, intermixed=True)
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. family=lidas,dense seed=range(0,5)")
     p.add_argument("--name", help="sweep name (default: derived from the non-seed overrides)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and write nothing")
+    _store_arguments(p, default=None)  # None: store.root of the overrides, or conf/'s
+    p.add_argument("-m", "--multirun", action=_Refused, help=argparse.SUPPRESS,
+                   fix="every sweep is a multirun already (family=a,b and seed=range(0,5) sweep); drop it")
     p.set_defaults(fn=cmd_sweep)
     commands = (("status", cmd_status, "states of the runs of each sweep", "?", "sweep name (default: all)",
                  "store.md"),
@@ -206,10 +248,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, StoreError) as e:  # what the user asked cannot be done as asked
-        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
+        errors.print(f"[red]error:[/] {escape(str(e))}")
         return 2
     except RuntimeError as e:
-        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
+        errors.print(f"[red]error:[/] {escape(str(e))}")
         return 1
     except KeyboardInterrupt:
         return 130

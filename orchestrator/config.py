@@ -164,7 +164,7 @@ def apply_value_overrides(node: DictConfig, overrides: list[Override]) -> None:
     """Hydra's own application of value overrides to a composed config (in order, with its
     `key=value`, `+key`, `++key` and `~key` semantics). The one use of a private Hydra function:
     Hydra's public compose() would recompose the whole config for each grid point (~0.13 s);
-    tests/test_config.py fails loudly if Hydra changes it."""
+    tests/unit/test_config.py fails loudly if Hydra changes it."""
     try:
         ConfigLoaderImpl._apply_overrides_to_config(overrides, node)
     except HydraException as e:

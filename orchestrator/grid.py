@@ -5,6 +5,7 @@ conf/config.yaml exactly as Hydra's basic sweeper does (a key given on the comma
 the default axis), and the cartesian product of the swept keys gives one override list per run."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from dataclasses import dataclass
@@ -43,8 +44,28 @@ def _fails(parser: OverridesParser, override: str) -> bool:
         return True
 
 
+# `seed=0..2`: a range as other tools spell it, which Hydra reads as the string '0..2'
+DOTTED_RANGE = re.compile(r"([^=]+)=(-?[0-9]+)\.\.(-?[0-9]+)")
+
+
+def _refuse_foreign_habits(cli_overrides: list[str]) -> None:
+    """Spellings that parse, but not as meant: `a..b` ranges, and Hydra's runtime settings
+    (hydra.job.chdir, hydra.run.dir, ...), which this orchestrator never applies: every file it
+    writes is under store.root and it never changes directory."""
+    for o in cli_overrides:
+        if m := DOTTED_RANGE.fullmatch(o):
+            key, first, last = m.group(1), int(m.group(2)), int(m.group(3))
+            raise ConfigError(f"{o}: Hydra has no a..b ranges; write {key}='range({first},{last + 1})' "
+                              f"(quoted for the shell; the end is exclusive)")
+        if re.split(r"[./=]", o.lstrip("+~"), maxsplit=1)[0] == "hydra":
+            raise ConfigError(f"{o}: Hydra's runtime settings (hydra.*) do not apply here: every file "
+                              f"goes under store.root and the working directory never changes; drop it "
+                              f"(store.root=<dir> chooses where files go)")
+
+
 def axes(cli_overrides: list[str]) -> dict[str, list[str]]:
     """key -> list of `key=value` strings, default grid first, command line replacing it."""
+    _refuse_foreign_habits(cli_overrides)
     try:
         default = compose("config", return_hydra_config=True).hydra.sweeper.params or {}
     except yaml.YAMLError as e:
@@ -82,18 +103,32 @@ def expand(cli_overrides: list[str]) -> tuple[list[GridPoint], str]:
 
 
 NOT_IN_NAME = ("store.", "cluster", "tracker")  # where a sweep runs, is stored and tracked does not name it
+MAX_NAME = 120  # characters of a sweep name (a directory under sweeps/)
+HASH_CHARS = 8  # of a long name's hash
+
+
+def named_axes(grid: dict[str, list[str]]) -> dict[str, list[str]]:
+    """What names a sweep: every axis but the seeds (and where it runs, is stored and tracked),
+    key -> sorted distinct values, so `seed=3,4` extends a sweep and `family=dense,lidas` and
+    `family=lidas,dense` are one sweep."""
+    return {key.lstrip("+~"): sorted({item.split("=", 1)[1] for item in items})
+            for key, items in sorted(grid.items())
+            if key.lstrip("+~") != "seed" and not key.lstrip("+~").startswith(NOT_IN_NAME)}
 
 
 def default_sweep_name(grid: dict[str, list[str]]) -> str:
-    """A name from everything but the seeds (and where it runs), so `seed=3,4` extends the sweep.
-
-    Values are sorted, so `family=dense,lidas` and `family=lidas,dense` name the same sweep."""
-    parts = []
-    for key in sorted(grid):
-        if key.lstrip("+~") == "seed" or key.lstrip("+~").startswith(NOT_IN_NAME):
-            continue
-        values = sorted({item.split("=", 1)[1] for item in grid[key]})
-        parts.append(f"{key.lstrip('+~')}-{'-'.join(values)}")
-    name = "_".join(parts) or "default"
+    """A name from `named_axes`; one longer than MAX_NAME is cut and ends in a hash of the whole,
+    so two long grids that share their first characters still name two sweeps."""
+    name = "_".join(f"{key}-{'-'.join(values)}" for key, values in named_axes(grid).items()) or "default"
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
-    return name[:120]
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:HASH_CHARS]
+    return f"{name[:MAX_NAME - HASH_CHARS - 1].rstrip('._-')}-{digest}"
+
+
+def named_axes_of(cli_overrides: list[str]) -> dict[str, list[str]]:
+    """`named_axes` of a command line's grid (parsed only, nothing composed), e.g. of the
+    overrides a sweep was recorded with."""
+    with hydra_session():
+        return named_axes(axes(cli_overrides))

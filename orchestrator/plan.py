@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.settings import ConfigError
-from jobs.flops import schedule_flops
 from config.resources import Resources
+from jobs.flops import flops_per_token, schedule_flops
 from orchestrator.identity import PerSiblings, run_ids, run_label, settings_digest
 from store.store import DONE, Store
 
@@ -60,6 +60,26 @@ def gpu_hours(cfg: Any) -> float:
         return 0.0
     c = cfg.cluster
     return estimated_flops(cfg) / (c.gpu_peak_flops_per_s * c.gpu_mfu) / 3600
+
+
+# Training FLOP/s one CPU core sustains: docs/performance.md measures 6.2 GFLOP/s on 2 cores at
+# size=small; the smaller sizes do less (their matrices are small), the larger ones not much more.
+CPU_FLOPS_PER_CORE = 3e9
+BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and Adam's two moments
+
+
+def cpu_hours(cfg: Any) -> float:
+    """Estimated wall-clock hours of training on the run's resources.cpus cores; 0 on GPUs."""
+    if cfg.resources.gpus > 0:
+        return 0.0
+    return estimated_flops(cfg) / (CPU_FLOPS_PER_CORE * cfg.resources.cpus) / 3600
+
+
+def training_memory_gb(cfg: Any) -> float:
+    """The memory training needs before activations: BYTES_PER_PARAMETER for each parameter of a
+    dense model of the final depth (a looped model, sharing its block's weights, needs less)."""
+    parameters = flops_per_token(cfg.model, cfg.model.n_layers, 0) / 6  # 6 FLOPs per weight per token
+    return parameters * BYTES_PER_PARAMETER / 2**30
 
 
 def resources_text(cfg: Any) -> str:

@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Any, Optional
 
 from rich.console import Console
+from rich.markup import escape
 
 import analysis
 from common.settings import ConfigError, from_dict, known_part, to_dict
@@ -26,7 +27,7 @@ from config.tracker import TrackerConfig
 from jobs.backends import backend_of
 from jobs.evals import EVALUATIONS
 from jobs.flops import flop_ratio
-from orchestrator import grid, tracking
+from orchestrator import grid, preflight, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, executor_of, recorded_executor
 from orchestrator.identity import configs_record, run_id, settings_digest
@@ -61,9 +62,9 @@ class Sweep:
         store = Store(roots.pop())
         store.check()
         name = name or default_name
-        if not NAME.fullmatch(name):
-            raise ConfigError(f"--name {name!r}: it names a directory under sweeps/; use letters, "
-                              f"digits, '.', '_' and '-' (starting with a letter or digit)")
+        if not NAME.fullmatch(name) or len(name) > grid.MAX_NAME:
+            raise ConfigError(f"--name {name!r}: it names a directory under sweeps/; use up to {grid.MAX_NAME} "
+                              f"letters, digits, '.', '_' and '-' (starting with a letter or digit)")
         return cls(name, overrides, configs, store, console)
 
     # -- planning ------------------------------------------------------------------------------
@@ -80,14 +81,22 @@ class Sweep:
         distinct = {run_id(dataclasses.replace(c, seed=0)): c for c in self.configs}
         return [dataclasses.replace(copy.deepcopy(c), seed=s) for c in distinct.values() for s in seeds]
 
+    def _planned(self) -> list[PlannedRun]:
+        """The first pass's runs, once the sweep passed its preflight (refused in one line
+        otherwise, before anything is written; its warnings printed)."""
+        runs = plan(self.first_configs(), self.store)
+        for warning in preflight.check(self.name, self.overrides, self.configs, runs, self.executor, self.store):
+            self.console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+        return runs
+
     def dry_run(self) -> int:
         """One line per run with its training FLOPs and GPU hours, then what the executor would
         submit; nothing is written."""
+        runs = self._planned()
         if self.adaptive.metric:
             a = self.adaptive
             self.console.print(f"adaptive sweep on {a.metric}: looks at {a.schedule} seeds, level "
                                f"{1 - a.alpha / len(a.schedule):.4f} per look; first look:")
-        runs = plan(self.first_configs(), self.store)
         for r in runs[:LISTED]:
             c = r.config
             hours = f"{gpu_hours(c):,.0f} GPU h" if c.resources.gpus > 0 else "CPU"
@@ -120,8 +129,7 @@ class Sweep:
     def run(self) -> int:
         """Record and execute the sweep (adaptive: look after look), then report. Exit code 0, or
         1 when a run failed or nothing finished."""
-        runs = plan(self.first_configs(), self.store)
-        self.executor.check(runs, self.name, self.store)  # refused before anything is written
+        runs = self._planned()
         if self.adaptive.metric and self.executor.synchronous:
             return self._looks(runs)
         outcome = self._execute(runs)
@@ -147,10 +155,6 @@ class Sweep:
         after each look the rule decides, a comparison it settles stays settled (its verdict and
         look are recorded in sweep.yaml), and only the arms still open get the next seeds."""
         a = self.adaptive
-        families = {c.family.name for c in self.configs}
-        if a.baseline not in families or len(families) < 2:
-            raise ConfigError(f"adaptive.baseline={a.baseline}: the sweep's families are "
-                              f"{sorted(families)}; include the baseline and at least one other family")
         arms = {run_id(dataclasses.replace(c, seed=0)): c for c in self.configs}  # distinct non-seed configs
         seeds = dict.fromkeys(arms, a.schedule[0])
         plans: list[dict] = []  # this invocation's looks: a restart replays them on the same seeds

@@ -119,8 +119,8 @@ def execute_runs(store_root: str, runs: list[tuple[str, RunConfig, list[str], Op
     (ray_driver.py `Feed`). `runs`: (run id, config, jobs to do, config.yaml text) each.
 
     Returns each run's state. A run that fails does not stop the others: its error is in its
-    state (`execute` wrote it), and the task raises once every run was tried, so that Ray
-    retries it as it retries a job (the runs done meanwhile come back cached)."""
+    state (`execute` wrote it), and the task raises once every run was tried, so that the driver
+    marks the runs not done failed, as it would a job of their own."""
     states, failed = [], []
     for run_id, cfg, todo, text in runs:
         try:

@@ -8,7 +8,7 @@ types each one, refuses unknown and missing keys, and checks what nanotron check
 (dp x tp x pp = world size) or not at all (the optimizer's name against its settings), so a bad
 render fails here, on a CPU, before any GPU job is queued, with the key in the message. Field
 names follow nanotron's own dataclasses (src/nanotron/config/{config,models_config,
-parallelism_config}.py). tests/test_nanotron_loader.py runs nanotron's own loader on every
+parallelism_config}.py). tests/e2e/test_nanotron_loader.py runs nanotron's own loader on every
 rendered stage and on mutated ones: this schema never accepts what nanotron refuses, and each
 thing it refuses that nanotron's loader accepts is listed there with the reason.
 """

@@ -5,11 +5,17 @@ sweep, as on every node. Where the nodes do not share this machine's files, the 
 shipped to them with Ray's runtime_env."""
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+from typing import Optional
 
 from config.cluster import RayClusterConfig
 from orchestrator.executors import EXECUTORS
 from orchestrator.executors.ray_driver import RAY_OPTIONS, RayExecutor
+from orchestrator.plan import PlannedRun
+from store.store import Store
 from orchestrator.worker import PROJECT_ROOT
 
 # Never shipped to a cluster with the project (runtime_env working_dir).
@@ -21,10 +27,37 @@ SHIP_EXCLUDES = [".venv", ".git", "outputs", "wandb", "**/__pycache__", "*.egg-i
 class RayClusterExecutor(RayExecutor):
     config: RayClusterConfig
 
+    def check(self, runs: list[PlannedRun], name: str, store: Store) -> None:
+        """An address where nothing listens is refused by the dry run too, before anything is
+        written (auto: the address of the cluster started here, read from Ray's files)."""
+        super().check(runs, name, store)
+        address, timeout = self.config.address, self.config.connect_timeout_s
+        problem = None if address == "auto" else _not_listening(address, timeout)
+        if problem:
+            raise RuntimeError(f"cluster.address={address}: {problem}; {self._fix()}")
+
+    def _fix(self) -> str:
+        return (f"check that `ray start --head` runs there and that this machine reaches it (or raise "
+                f"cluster.connect_timeout_s={self.config.connect_timeout_s:g})")
+
     def connect(self) -> None:
+        """ray.init at cluster.address, once a child process joined the cluster within
+        cluster.connect_timeout_s; else one line naming the address. Ray retries a head that
+        does not answer for ever, printing a warning a second, and cannot be interrupted while it
+        waits: the child can be killed, and its output (those warnings) is dropped."""
         import ray
 
-        address, kwargs = self.config.address, dict(RAY_OPTIONS)
+        address, timeout = self.config.address, self.config.connect_timeout_s
+        problem = _join_problem(address, timeout)
+        if problem == TIMED_OUT:
+            raise RuntimeError(f"cluster.address={address}: no Ray cluster answered within {timeout:g} s; "
+                               f"{self._fix()}")
+        if problem and "AuthenticationError" not in problem:
+            raise RuntimeError(
+                f"cluster.address={address}: cannot connect to Ray ({problem}); check that `ray start "
+                f"--head` runs there and, with token authentication (Ray's default), that this shell "
+                f"exports the cluster's RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)")
+        kwargs = dict(RAY_OPTIONS)
         if ships_code(self.config):
             kwargs["runtime_env"] = {"working_dir": str(PROJECT_ROOT), "excludes": SHIP_EXCLUDES}
         try:
@@ -34,12 +67,47 @@ class RayClusterExecutor(RayExecutor):
                 f"cluster.address={address}: the Ray cluster refused this driver's token; export the "
                 f"cluster's RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH), the same "
                 f"on every node") from None
-        except ConnectionError as e:  # also what a driver without the cluster's token gets
-            raise RuntimeError(
-                f"cluster.address={address}: cannot connect to Ray ({str(e).strip().splitlines()[0]}); "
-                f"check that `ray start --head` runs there and, with token authentication (Ray's "
-                f"default), that this shell exports the cluster's RAY_AUTH_MODE=token and "
-                f"RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)") from None
+
+
+TIMED_OUT = "timed out"
+# A driver that joins the cluster and leaves; its last line on failure is the exception.
+JOIN = ("import sys, ray\n"
+        "try:\n"
+        "    ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR')\n"
+        "except Exception as e:\n"
+        "    sys.exit(f'{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else \"\"}')\n"
+        "ray.shutdown()\n")
+
+
+def _join_problem(address: str, timeout: float) -> Optional[str]:
+    """Why a driver could not join the cluster at `address` within `timeout` seconds (TIMED_OUT,
+    or the exception's line), or None."""
+    # Ray's own wait for the head (a second per try), short of ours: a head that answers but
+    # refuses (no token) gets Ray's error, not our timeout.
+    env = {**os.environ, "RAY_gcs_server_port_wait_time_s": str(max(1, int(timeout * 2 / 3)))}
+    try:
+        done = subprocess.run([sys.executable, "-c", JOIN, address], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return TIMED_OUT
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def _not_listening(address: str, timeout: float) -> Optional[str]:
+    """Why nothing takes a TCP connection at `address` (host:port, or ray://host:port), or None."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except ValueError:
+        return "not host:port (e.g. 10.0.0.5:6379, or auto)"
+    except socket.timeout:
+        return f"no answer within {timeout:g} s"
+    except OSError as e:
+        return f"nothing listening there ({e.strerror or e})"
 
 
 def ships_code(config: RayClusterConfig) -> bool:

@@ -25,8 +25,6 @@ from typing import Any, Iterator, Optional
 from rich.console import Console
 from rich.live import Live
 
-from common.settings import ConfigError
-
 from orchestrator import progress as view
 from orchestrator.executors import Executor, Outcome
 from orchestrator.identity import SeedTemplates
@@ -67,15 +65,12 @@ class RayExecutor(Executor):
         """The nodes the jobs will have, for the dry run's check (None: known only once connected)."""
         return None
 
-    def describe(self, runs: list[PlannedRun], name: str, overrides: list[str], store: Store,
-                 console: Console) -> None:
+    def check(self, runs: list[PlannedRun], name: str, store: Store) -> None:
+        """Jobs that no node can hold, refused against the nodes known before connecting (the
+        real run checks the live nodes again once connected)."""
         nodes = self.nodes()
-        if nodes is None:
-            return
-        try:
+        if nodes is not None:
             check_fit([r for r in runs if r.todo], nodes)
-        except ConfigError as e:  # the real run refuses it with this line
-            console.print(f"[yellow]would not run here:[/] {e}", soft_wrap=True)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -234,7 +229,7 @@ class Feed:
             after: list[Any] = [train_ref] if train_ref is not None else []  # Ray object refs
             fn = self.coordinate if multi_node(r.config, job) else self.remote
             ref = fn.options(**job_resources(r.config, job), max_retries=r.config.train.max_retries,
-                             retry_exceptions=True, name=f"{r.label}:{job}").remote(
+                             retry_exceptions=infrastructure_failures(), name=f"{r.label}:{job}").remote(
                 job, r.run_id, self.root, r.config, *after, config_text=text, sweep=self.sweep)
             train_ref = ref if job == "train" else train_ref
             self.inflight[ref] = Task([r], job)
@@ -242,11 +237,24 @@ class Feed:
     def _submit_batch(self, runs: list[PlannedRun]) -> None:
         first = runs[0]
         ref = self.remote_batch.options(**job_resources(first.config, first.todo[0]),
-                                       max_retries=first.config.train.max_retries, retry_exceptions=True,
+                                       max_retries=first.config.train.max_retries,
+                                       retry_exceptions=infrastructure_failures(),
                                        name=f"{first.label}+{len(runs) - 1}").remote(
             self.root, [(r.run_id, r.config, r.todo, self.texts(r.config)) for r in runs], self.sweep)
         self.inflight[ref] = Task(runs, None)
         self.batched_runs += len(runs)
+
+
+def infrastructure_failures() -> list[type[Exception]]:
+    """The exceptions a task is retried for (up to train.max_retries): failures of where a job
+    ran, which may not recur, never the job's own exceptions, which would (a bad value, a loss
+    that turns NaN, a full disk: the job's one-line error goes to its state at once). Ray
+    retries a task whose worker or node died, an OOM kill included, by itself; these are the
+    same failures met inside a task: a multi-node job's node task that died, a lost object."""
+    from ray import exceptions as e
+
+    return [e.WorkerCrashedError, e.NodeDiedError, e.LocalRayletDiedError, e.ObjectLostError, e.OutOfMemoryError,
+            e.RaySystemError]
 
 
 def _batchable(r: PlannedRun) -> bool:

@@ -73,10 +73,26 @@ def test_a_driver_without_the_token_is_refused_in_one_line(head, tmp_path):
     refused = subprocess.run([*CLI, f"cluster.address={address}", f"store.root={tmp_path / 's'}"],
                              env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1, refused.stdout + refused.stderr
-    line = [s for s in refused.stdout.splitlines() if s.startswith("error:")]
+    line = [s for s in refused.stderr.splitlines() if s.startswith("error:")]
     assert line and "RAY_AUTH_TOKEN" in line[0], refused.stdout + refused.stderr
 
 
 def test_cluster_ray_needs_an_address():
     out = subprocess.run([*CLI, "--dry-run"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "cluster.address: cluster=ray needs the address" in out.stdout
+    assert out.returncode == 2 and "cluster.address: cluster=ray needs the address" in out.stderr
+
+
+def test_an_address_that_is_not_a_ray_head_is_refused_within_the_timeout(tmp_path):
+    """Something listens, but not Ray: Ray would retry for ever with a warning a second; the
+    sweep stops after cluster.connect_timeout_s with one line naming the address."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        started = time.monotonic()
+        refused = subprocess.run([*CLI, f"cluster.address={address}", "cluster.connect_timeout_s=3",
+                                  f"store.root={tmp_path / 's'}"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert time.monotonic() - started < 60
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith(f"error: cluster.address={address}: ") and "ray start --head" in line, line

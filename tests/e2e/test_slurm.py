@@ -105,7 +105,7 @@ def test_allocation_with_ray_cancel_midway_and_resubmit_resumes(slurm_cluster, t
     assert first.returncode == 0, first.stdout + first.stderr
     assert "submitted Slurm allocation job" in first.stdout
     again = sweep(store, name, *args)  # while it is queued or running: refused, nothing doubled
-    assert again.returncode == 1 and "already has Slurm job" in again.stdout, again.stdout
+    assert again.returncode == 1 and "already has Slurm job" in again.stderr, again.stdout + again.stderr
 
     def trained(states: dict) -> set[str]:
         return {rid for rid, s in states.items() if s["jobs"].get("train", {}).get("status") == DONE}

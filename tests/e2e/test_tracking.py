@@ -186,9 +186,9 @@ def test_wandb_sync_fails_cleanly_offline_and_runs_wandb_sync_online(swept, monk
     root = swept[0]
     monkeypatch.setenv("WANDB_CACHE_DIR", str(root / "wandb" / "cache"))  # W&B's service logs
     assert main(["wandb-sync", "t", "--store", str(root)]) == 1
-    out = capsys.readouterr().out
-    assert f"3 offline W&B run directories to upload: {sys.executable} -m wandb sync" in out
-    error = [line for line in out.splitlines() if line.startswith("error:")]
+    out = capsys.readouterr()
+    assert f"3 offline W&B run directories to upload: {sys.executable} -m wandb sync" in out.out
+    error = [line for line in out.err.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and f"cannot reach the W&B server {UNREACHABLE}" in error[0]
 
     calls = []

@@ -1,6 +1,6 @@
 """A model family from outside the project, its config class and its behaviour in one file (as
 docs/extending.md shows), whose derive reaches into another section: planning refuses it
-(tests/test_config.py). `family.reach` says how it tries: assigning to the model section, or
+(tests/unit/test_config.py). `family.reach` says how it tries: assigning to the model section, or
 returning a model field as if it were its own."""
 from __future__ import annotations
 

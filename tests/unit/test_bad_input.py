@@ -102,6 +102,33 @@ CASES = [
 ]
 
 
+# The sweep-wide rules (orchestrator/preflight.py) and the habits of other tools: refused alike by
+# `--dry-run` and by the real run, with the same line, before anything is written.
+PREFLIGHT = [
+    ([*MICRO, "eval.jobs=[]"], 2, "eval.jobs=[]: the runs would evaluate nothing, so the sweep's report would be empty"),
+    ([*MICRO, "hydra.job.chdir=true"], 2, "hydra.job.chdir=true: Hydra's runtime settings (hydra.*) do not apply"),
+    ([*MICRO, "hydra.run.dir=/tmp/elsewhere"], 2, "hydra.run.dir=/tmp/elsewhere: Hydra's runtime settings"),
+    ([*MICRO, "hydra/launcher=basic"], 2, "hydra/launcher=basic: Hydra's runtime settings"),
+    (["size=micro", "family=dense", "seed=0..2"], 2, "seed=0..2: Hydra has no a..b ranges; write seed='range(0,3)'"),
+    (["size=micro", "family=dense,lidas", "adaptive.metric=regbench_tvd", "adaptive.max_seeds=2",
+      "adaptive.looks=[2]"], 2, "adaptive.max_seeds=2: a single look at 2 seeds adds no seeds"),
+    (["size=micro", "family=lidas,looped", "adaptive.metric=regbench_tvd"], 2,
+     "adaptive.baseline=dense: the sweep's families are ['lidas', 'looped']; include the baseline"),
+    ([*MICRO, "resources.gpus=1"], 2, "job train needs 1 node(s) with CPU=1 GPU=1 memory=1G each, but only 0 of the "
+                                      "cluster's 1 nodes can hold that"),
+    ([*MICRO, "resources.nodes=2"], 2, "job train needs 2 node(s)"),
+    ([*MICRO, "resources.memory_gb=100000"], 2, "memory=1e+05G each, but only 0 of the cluster's 1 nodes"),
+    ([*MICRO, "eval.resources.gpus=1"], 2, "job regbench needs 1 node(s) with CPU=1 GPU=1"),
+    (["size=micro", "family=lidas", "--name", "demo"], 2,
+     "--name demo: the recorded sweep demo has another grid (family=lidas here, dense recorded; size=micro here, "
+     "(default) recorded)"),
+    ([*MICRO, "--name", "x" * 121], 2, "it names a directory under sweeps/; use up to 120 letters"),
+    ([*MICRO, "cluster=ray", "cluster.address=127.0.0.1:1"], 1,
+     "cluster.address=127.0.0.1:1: nothing listening there (Connection refused); check that `ray start --head`"),
+    ([*MICRO, "cluster=ray", "cluster.address=nowhere"], 1, "cluster.address=nowhere: not host:port"),
+]
+
+
 def snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): (p.stat().st_mode, p.read_bytes() if p.is_file() else None)
             for p in [root, *sorted(root.rglob("*"))]}
@@ -171,3 +198,52 @@ def test_yaml_syntax_error_in_conf_names_the_file_and_line(stores, capsys, tmp_p
     assert lines[0].startswith(f"error: {conf / 'family' / 'dense.yaml'}:2: YAML syntax error (")
     assert lines[0].endswith("; fix that file")
     assert snapshot(stores["store"]) == before
+
+
+@pytest.mark.parametrize("overrides, code, needle", PREFLIGHT, ids=[" ".join(c[0])[:80] for c in PREFLIGHT])
+def test_the_dry_run_refuses_what_the_real_run_refuses_before_writing(overrides, code, needle, stores, capsys):
+    before = snapshot(stores["store"])
+    refusals = []
+    for mode in (["--dry-run"], []):
+        got, lines = run_case(["sweep", *mode, *overrides], stores, capsys)
+        assert (got, len(lines)) == (code, 1), (mode, lines)
+        assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
+        refusals.append(lines[0])
+        assert snapshot(stores["store"]) == before
+    assert refusals[0] == refusals[1]
+
+
+def test_a_new_store_stays_absent_when_the_sweep_is_refused(tmp_path, capsys):
+    root = tmp_path / "new"
+    for mode in (["--dry-run"], []):
+        assert main(["sweep", *mode, *MICRO, "eval.jobs=[]", f"store.root={root}"]) == 2
+        assert not root.exists()
+    assert len(capsys.readouterr().err.splitlines()) == 2
+
+
+def test_multirun_flag_is_a_one_line_hint(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["sweep", "-m", *MICRO])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: -m/--multirun: every sweep is a multirun already")
+
+
+def test_estimates_far_beyond_the_resources_are_warned_with_the_estimate(tmp_path, capsys):
+    """A 3B model on two CPU cores: the dry run says how long and how much memory, and runs."""
+    cpu_3b = ["size=3b", "family=dense", "seed=0", "resources.gpus=0", "resources.nodes=1", "resources.cpus=2",
+              "resources.memory_gb=4", f"store.root={tmp_path / 's'}"]
+    assert main(["sweep", "--dry-run", *cpu_3b]) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2
+    assert "1 run trains on CPUs for more than 24 hours each, e.g. dense-3b-s0: 8.07e+21 FLOPs, about" in warnings[0]
+    assert "about 45.8 GB (weights, gradients and Adam's moments) against resources.memory_gb=4" in warnings[1]
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_same_name_extends_with_other_seeds_and_clusters(stores, capsys):
+    """`--name demo` of the recorded grid (family=dense) with other seeds, another cluster
+    setting, tracker or list of evaluations (none changes a run's id) passes the name check."""
+    got, lines = run_case(["sweep", "--dry-run", "family=dense", "seed=5,6", "cluster.num_cpus=1", "tracker=none",
+                           "eval.jobs=[regbench]", "--name", "demo"], stores, capsys)
+    assert got == 0, lines

@@ -15,7 +15,7 @@ def test_every_store_command_takes_store_root_as_sweep_does(tmp_path, capsys):
     assert main(["report", "one", f"store.root={store.root}"]) == 1  # found; nothing finished yet
     assert "no finished runs yet" in capsys.readouterr().out
     assert main(["status", f"store.root={tmp_path / 'nowhere'}"]) == 2  # a store error: what was asked cannot be done
-    assert "no sweeps in" in capsys.readouterr().out
+    assert "no sweeps in" in capsys.readouterr().err
 
 
 def test_help_lists_the_config_groups_and_points_to_the_docs(capsys):
@@ -44,3 +44,28 @@ def test_help_lists_the_config_groups_and_points_to_the_docs(capsys):
             main([command, "--help"])
         pages = [word.strip(".,") for word in capsys.readouterr().out.split() if word.strip(".,").endswith(".md")]
         assert pages and all((docs / page).is_file() for page in pages), (command, pages)
+
+
+def test_flags_may_come_between_overrides_and_sweep_takes_store(tmp_path, capsys):
+    """Hydra's habit: `sweep family=dense --dry-run seed=0,1`; `--store DIR` is store.root."""
+    from orchestrator.cli import main
+
+    root = tmp_path / "store"
+    assert main(["sweep", "size=micro", "--dry-run", "family=dense", "--name", "mixed", "seed=0,1",
+                 "--store", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "sweep mixed: 2 runs, 2 to do; dry run, nothing written" in out
+    assert not root.exists()
+
+
+def test_long_sweep_names_end_in_a_hash_of_the_whole_grid():
+    from orchestrator.grid import MAX_NAME, default_sweep_name
+
+    def grid(last: str) -> dict[str, list[str]]:
+        return {f"train.key_{i:02d}": [f"train.key_{i:02d}=1"] for i in range(12)} | {"zz": [f"zz={last}"]}
+
+    first, second = default_sweep_name(grid("a")), default_sweep_name(grid("b"))
+    assert max(len(first), len(second)) <= MAX_NAME and first != second
+    (cut, digest), (cut_too, _) = first.rsplit("-", 1), second.rsplit("-", 1)
+    assert cut == cut_too and len(digest) == 8
+    assert default_sweep_name({"family": ["family=dense", "family=lidas"]}) == "family-dense-lidas"  # short: as before
