@@ -36,7 +36,7 @@ def setup_section(analysis: Analysis) -> list[str]:
         f"- Correction: Holm over the confirmatory family ({', '.join(o.primary_metrics)} x families x sizes"
         + "".join(f" x {k} values" for k in analysis.keys)
         + f", m = {m}); Benjamini-Hochberg over the other metrics (exploratory)",
-        f"- Bootstrap: BCa over seeds, {o.n_boot} resamples, in results.parquet only"
+        f"- Bootstrap: BCa over seeds, {o.n_boot} resamples, in results/cells.parquet only"
         f" (unreliable below {BOOT_RELIABLE_N} seeds, approximate below {BOOT_NOMINAL_N}: its coverage is"
         " still under nominal there)",
         f"- Equivalence margin and planning gap: delta_min = {margins(o.delta_min)}",

@@ -2,9 +2,10 @@
 the curves and training logs, and what the runs' jobs declared about each metric and curve.
 Everything the report writes (markdown.py, figures.py, console.py) reads an `Analysis`.
 
-results.parquet stacks the three tidy tables; column `table` says which a row belongs to: runs
-(one row per finished run x metric, plus one row per run that is not done, with status and
-error), cells (`summarize`) and comparisons (`compare`). `read_results(path, "cells")` reads one."""
+The report writes each table of `results_tables` to its own file, results/<table>.parquet and
+results/<table>.csv: runs (one row per finished run x metric, plus one row per run that is not
+done, with status and error), cells (`summarize`) and comparisons (`compare`, with the adaptive
+rule's verdicts where it decided); docs/store.md "Report outputs" gives their schemas."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -108,33 +109,14 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
         metric_specs=metric_specs, curve_specs=curve_specs, paper_flops=load_paper_flops(store_root, sweep))
 
 
-def _nullable(table: pd.DataFrame) -> pd.DataFrame:
-    """Integer and boolean columns as nullable dtypes, so they keep their type next to other tables."""
-    return table.astype({**{c: "Int64" for c in table.select_dtypes("integer").columns},
-                         **{c: "boolean" for c in table.select_dtypes("bool").columns}})
-
-
-def results_table(analysis: Analysis) -> pd.DataFrame:
-    """The three tidy tables stacked into one, told apart by the `table` column. Each table's own
-    columns, in order, are kept in attrs["tables"] (stored in the parquet file) for `read_results`."""
+def results_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
+    """The report's tidy tables by name (TABLES), each with the sweep's name first: the files
+    results/<name>.parquet and results/<name>.csv hold them."""
     not_done = analysis.runs[analysis.runs["status"] != "done"]
     tables = {"runs": pd.concat([analysis.values.assign(status="done"), not_done], ignore_index=True),
               "cells": analysis.cells, "comparisons": analysis.comparisons}
-    tables = {name: _nullable(t).assign(sweep=analysis.sweep) for name, t in tables.items()}
-    stacked = pd.concat([t.assign(table=name) for name, t in tables.items()], ignore_index=True)
-    stacked = stacked[["table", "sweep", *[c for c in stacked.columns if c not in ("table", "sweep")]]]
-    stacked.attrs["tables"] = {name: ["sweep", *[c for c in t.columns if c != "sweep"]]
-                               for name, t in tables.items()}
-    return stacked
-
-
-def read_results(path: str | Path, table: str) -> pd.DataFrame:
-    """One table of a results.parquet, with its own columns only, in their original order."""
-    if table not in TABLES:
-        raise ValueError(f"table must be one of {TABLES}, got {table!r}")
-    results = pd.read_parquet(path)
-    rows = results[results["table"] == table]
-    return rows[results.attrs["tables"][table]].reset_index(drop=True)
+    return {name: table.assign(sweep=analysis.sweep)[["sweep", *(c for c in table.columns if c != "sweep")]]
+            for name, table in tables.items()}
 
 
 # ---- derived tables the report's parts share ---------------------------------------------------

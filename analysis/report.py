@@ -1,6 +1,7 @@
 """A sweep's report files, under <store>/sweeps/<sweep>/:
 
-    results.parquet  the tidy tables (analysis/compute.py: runs, cells, comparisons); results.csv too
+    results/         the tidy tables, one file each: runs, cells, comparisons (.parquet and .csv;
+                     analysis/compute.py `results_tables`, schemas in docs/store.md)
     report.md        the numbers in words (analysis/markdown.py, with answer.py and certainty.py)
     report.html      report.md converted, figures embedded: one self-contained file (analysis/html.py)
     plots/           each figure (analysis/figures.py) as <name>.png and <name>.svg
@@ -17,11 +18,13 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 
 import analysis.plots as plots
-from analysis.compute import Analysis, AnalysisOptions, analyse, results_table
+from analysis.compute import Analysis, AnalysisOptions, analyse, results_tables
 from analysis.figures import Plot, draw
 from analysis.html import render_html
 from analysis.markdown import render_markdown
 from common.atomic import write_atomic
+
+RESULTS = "results"  # the folder of the tidy tables, beside report.md
 
 
 def _save_plots(figures: list[Plot], directory: Path) -> dict[str, bytes]:
@@ -45,7 +48,7 @@ def write_report(store_root: str | Path, sweep: str, options: AnalysisOptions | 
 
 def _write_csv(table: pd.DataFrame, file: IO[bytes]) -> None:
     """`table` as CSV by Arrow's writer: the values pandas' writer gives, six times faster (a sweep of
-    100,000 runs has half a million rows of 80 columns); strings quoted where they need it."""
+    100,000 runs has half a million rows); strings quoted where they need it."""
     pa_csv.write_csv(pa.Table.from_pandas(table, preserve_index=False), file,
                      pa_csv.WriteOptions(quoting_style="needed"))
 
@@ -53,9 +56,10 @@ def _write_csv(table: pd.DataFrame, file: IO[bytes]) -> None:
 def save_report(analysis: Analysis, store_root: str | Path) -> Path:
     """Write an analysis computed earlier (the CLI also prints it); returns report.md's path."""
     directory = Path(store_root) / "sweeps" / analysis.sweep
-    results = results_table(analysis)
-    write_atomic(directory / "results.parquet", results.to_parquet(index=False))
-    write_atomic(directory / "results.csv", lambda file: _write_csv(results, file))  # for spreadsheets
+    (directory / RESULTS).mkdir(exist_ok=True)
+    for name, table in results_tables(analysis).items():
+        write_atomic(directory / RESULTS / f"{name}.parquet", table.to_parquet(index=False))
+        write_atomic(directory / RESULTS / f"{name}.csv", lambda file: _write_csv(table, file))  # for spreadsheets
     figures = draw(analysis)
     images = _save_plots(figures, directory / "plots")
     markdown = render_markdown(analysis, figures)

@@ -57,7 +57,7 @@ LISTED_RUNS = 200  # rows of one run each, at most, in a table of the report: a 
 
 def unlisted(rows: int) -> list[str]:
     """The line under a table of one run a row, cut at LISTED_RUNS rows."""
-    return ([f"The first {LISTED_RUNS} of {rows} rows; results.parquet (table `runs`) has every run."]
+    return ([f"The first {LISTED_RUNS} of {rows} rows; results/runs.parquet has every run."]
             if rows > LISTED_RUNS else [])
 
 def key_texts(row: pd.Series, keys: tuple[str, ...]) -> list[str]:

@@ -1,6 +1,6 @@
 """Adaptive seeding (statistics.md (f)): seeds added in a pre-declared schedule of looks until the
 comparison is decided. Off while `adaptive.metric` is null; the Sweep runs the looks
-(orchestrator/sweep.py), analysis.next_seeds decides at each."""
+(orchestrator/sweep.py), analysis.sequential.next_seeds decides at each."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -21,6 +21,8 @@ from typing import Any, Optional
 from rich.console import Console
 
 import analysis
+from analysis.console import render_summary
+from analysis.sequential import next_seeds, settled_verdicts
 from common.atomic import write_json
 from common.settings import ConfigError, to_dict
 from jobs.evals import EVALUATIONS
@@ -155,10 +157,10 @@ class Sweep:
         with self.executor.session():
             while True:
                 failed |= FAILED in self._execute(runs).statuses.values()
-                decision = analysis.next_seeds(
+                decision = next_seeds(
                     analysis.load(self.store.root, self.name), looks=a.schedule, alpha=a.alpha,
                     delta_min=a.delta_min, baseline=a.baseline, primary_metrics=(a.metric,),
-                    settled=analysis.settled_verdicts(plans))
+                    settled=settled_verdicts(plans))
                 plans.append(decision.to_record())
                 self._record_look(decision, plans[-1])
                 if decision.decision != "continue" or decision.n_more <= 0:
@@ -228,7 +230,7 @@ def report(store: Store, name: str, console: Console, tracker: Optional[tracking
     result = analysis.analyse(store.root, name,
                               read=None if upgraded else lambda rid, file: inspected[rid][1][file])
     path = analysis.save_report(result, store.root)
-    console.print(analysis.render_summary(result))
+    console.print(render_summary(result))
     console.print(f"report: {path}")
     tracker = tracker or latest_tracker(store, name)
     if logged := tracking.log_sweep(store, name, result, tracker):  # never raises

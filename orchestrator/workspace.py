@@ -19,7 +19,7 @@ import pydantic
 import yaml
 from rich.console import Console
 
-import analysis
+from analysis.load import load_specs
 from common.atomic import write_text
 from orchestrator import tracking
 from orchestrator.store import Store
@@ -51,7 +51,7 @@ def build(store: Store, sweep: str, tracker: tracking.TrackerConfig, entity: str
                 wr.LinePlot(title="depth (layers applied)", x="Step", y=["train/n_layers"], **band),
                 wr.LinePlot(title="learning rate", x="Step", y=["train/lr"], **band),
                 wr.LinePlot(title="throughput (tokens/s)", x="Step", y=["train/tokens_per_s"], **band)]
-    metrics, curves = analysis.load_specs(store.root, sweep)
+    metrics, curves = load_specs(store.root, sweep)
     headline = sorted(name for name, spec in metrics.items() if spec.confirmatory_for)
     costs = sorted(name for name, spec in metrics.items() if spec.cost)
     evaluation: list = []

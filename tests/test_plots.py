@@ -14,7 +14,9 @@ from matplotlib.colors import to_rgba
 from test_analysis_load import new_store, write_run, write_sweep
 from test_report import NGRAMS, TVD
 
-from analysis import analyse, load_curves, load_history, plots, render_markdown, write_report
+from analysis import analyse, plots, write_report
+from analysis.load import load_curves, load_history
+from analysis.markdown import render_markdown
 from analysis.figures import draw
 
 SWEEP = "demo"
@@ -234,5 +236,5 @@ def test_a_cell_of_many_seeds_is_summarised_in_plots_and_tables(tmp_path):
     ax = figure.figure.axes[0]
     assert len(ax.lines) < 50 and not any(len(c.get_offsets()) > 10 for c in ax.collections)
     report = render_markdown(result)
-    assert "The first 200 of 250 rows; results.parquet (table `runs`) has every run." in report
+    assert "The first 200 of 250 rows; results/runs.parquet has every run." in report
     assert len(report.splitlines()) < 600

@@ -11,7 +11,8 @@ import pytest
 from scipy import integrate, special, stats
 from statsmodels.stats.power import TTestIndPower, TTestPower
 
-from analysis import next_seeds, seeds_needed
+from analysis.sequential import next_seeds
+from analysis.stats import seeds_needed
 from analysis.stats import SEEDS_MAX, t_power
 from test_stats import frame
 

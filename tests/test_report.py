@@ -16,8 +16,10 @@ from rich.console import Console
 from scipy import stats
 from test_analysis_load import new_store, write_run, write_sweep
 
-from analysis import (AnalysisOptions, analyse, read_results, render_html, render_markdown, render_summary,
-                      write_report)
+from analysis import AnalysisOptions, analyse, write_report
+from analysis.console import render_summary
+from analysis.html import render_html
+from analysis.markdown import render_markdown
 from jobs.evals import EVALUATIONS
 from jobs.registry import TRAIN
 
@@ -132,23 +134,27 @@ def test_report_is_byte_identical_on_a_second_call(store):
     assert not list(path.parent.glob(".*"))  # no temporary files left behind
 
 
-def test_results_parquet(store):
+def test_results_tables_one_file_each(store):
     write_report(store, "demo")
-    results = pd.read_parquet(store / "sweeps" / "demo" / "results.parquet")
-    assert set(results["table"]) == {"runs", "cells", "comparisons"} and set(results["sweep"]) == {"demo"}
-    runs = read_results(store / "sweeps" / "demo" / "results.parquet", "runs")
+    folder = store / "sweeps" / "demo" / "results"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"{t}.{ext}" for t in ("runs", "cells", "comparisons")
+                                                               for ext in ("parquet", "csv"))
+    runs = pd.read_parquet(folder / "runs.parquet")
+    assert set(runs["sweep"]) == {"demo"}
     assert len(runs) == 18 * 6 + 1 and runs.loc[runs["status"] == "failed", "run_id"].tolist() == ["looped-tiny-3"]
-    cells = read_results(store / "sweeps" / "demo" / "results.parquet", "cells")
+    cells = pd.read_parquet(folder / "cells.parquet")
     expected = analyse(store, "demo").cells
     merged = cells.merge(expected, on=["family", "size", "metric"], suffixes=("", "_expected"))
     assert len(merged) == len(expected) == 3 * 2 * 6
     np.testing.assert_allclose(merged["mean"], merged["mean_expected"])
     np.testing.assert_allclose(merged["boot_ci_low"], merged["boot_ci_low_expected"])
-    comparisons = read_results(store / "sweeps" / "demo" / "results.parquet", "comparisons")
+    comparisons = pd.read_parquet(folder / "comparisons.parquet")
     assert set(comparisons["verdict"]) <= {"better", "worse", "equivalent", "inconclusive"}
     assert comparisons["seeds_needed"].dtype == "Int64"
-    assert list(comparisons.columns[1:]) == list(analyse(store, "demo").comparisons.columns)
+    assert list(comparisons.columns) == ["sweep", *analyse(store, "demo").comparisons.columns]
     assert cells["iqm"].isna().all()  # an all-empty column of a table is kept
+    csv = pd.read_csv(folder / "comparisons.csv")
+    assert list(csv.columns) == list(comparisons.columns) and len(csv) == len(comparisons)
 
 
 def test_render_summary_prints(store):
@@ -168,7 +174,7 @@ def test_report_of_a_sweep_with_nothing_done(tmp_path):
     failed = table_rows(report, "## Failed and unfinished runs")
     assert failed["x"]["error"] == "boom" and failed["y"] == {"family": "–", "size": "–", "seed": "–",
                                                               "status": "pending", "error": ""}
-    assert set(read_results(root / "sweeps" / "broken" / "results.parquet", "runs")["run_id"]) == {"x", "y"}
+    assert set(pd.read_parquet(root / "sweeps" / "broken" / "results" / "runs.parquet")["run_id"]) == {"x", "y"}
 
 
 # ---- a sweep over a hyper-parameter ------------------------------------------------------------
@@ -234,7 +240,7 @@ def test_lr_sweep_compares_within_each_learning_rate(lr_store):
 def test_lr_sweep_report_is_deterministic_and_summarised(lr_store):
     first = write_report(lr_store, "lr").read_bytes()
     assert write_report(lr_store, "lr").read_bytes() == first
-    cells = read_results(lr_store / "sweeps" / "lr" / "results.parquet", "cells")
+    cells = pd.read_parquet(lr_store / "sweeps" / "lr" / "results" / "cells.parquet")
     assert list(cells.columns[:5]) == ["sweep", "family", "size", "train.lr", "metric"] and len(cells) == 2 * 2 * 4
     console = Console(width=200, record=True)
     console.print(render_summary(analyse(lr_store, "lr")))

@@ -15,8 +15,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis import next_seeds
-from analysis.sequential import FINAL, SETTLED, SeedPlan, settled_verdicts
+from analysis.sequential import FINAL, SETTLED, SeedPlan, next_seeds, settled_verdicts
 from analysis.stats import t_power, verdict_rule
 
 LOOKS = (3, 5, 8)
