@@ -22,7 +22,7 @@ from rich.console import Console
 
 import analysis
 from analysis.console import render_summary
-from analysis.sequential import next_seeds, settled_verdicts
+from analysis.sequential import next_seeds, plan_comparisons, settled_verdicts
 from common.atomic import write_json
 from common.settings import ConfigError, to_dict
 from jobs.evals import EVALUATIONS
@@ -174,14 +174,14 @@ class Sweep:
 
     def _record_look(self, decision: Any, record: dict) -> None:
         a = self.adaptive
-        verdicts = {f"{r['family']}/{r['size']}": r["verdict"] for _, r in decision.comparisons.iterrows()}
+        comparisons = plan_comparisons(record)  # keyed by the full cell: family, size and every swept key
+        verdicts = {name: c["verdict"] for name, c in comparisons.items()}
         self.store.record_look(self.name, {
             "look": decision.look, "n_looks": decision.n_looks, "n_seeds": decision.n_seeds,
             "level": decision.level, "decision": decision.decision, "n_more": decision.n_more,
             "runs_saved": decision.runs_saved, "verdicts": verdicts, "plan": record,
             "rule": {k: getattr(a, k) for k in ("metric", "alpha", "delta_min", "baseline", "looks", "max_seeds")}})
-        settled = {f"{c['family']}/{c['size']}": c["settled_at_look"] for c in record["comparisons"]
-                   if c["settled_at_look"] is not None}
+        settled = {name: c["settled_at_look"] for name, c in comparisons.items() if c["settled_at_look"] is not None}
         self.console.print(f"look {decision.look}/{decision.n_looks} at {decision.n_seeds} seeds "
                            f"(level {decision.level:.4f}): {decision.decision}"
                            + (f", adding {decision.n_more} seeds to {len(decision.open_arms)} arms"
