@@ -35,7 +35,7 @@ COMPARISON_COLUMNS = [
     "tost_low", "tost_high", "p_value", "correction", "p_adj", "p_holm", "welch_p", "welch_df",
     "welch_low", "welch_high", "signflip_p", "p_min_attainable", "prob_improvement", "mannwhitney_p",
     "seed_wins", "wins_low", "wins_high", "dz", *HB_COLUMNS, "sigma", "sigma_df", "sigma_pooled", "delta_min",
-    "seeds_needed", "seeds_needed_conservative", "seeds_needed_observed", "seeds_more",
+    "plan_alpha", "seeds_needed", "seeds_needed_conservative", "seeds_needed_observed", "seeds_more",
     "seeds_unresolvable", "hb_p_sided", "diff_skewed", "significant", "inside_margin", "verdict"]
 REFERENCE_PREFIX = "ngram"
 N_BOOT = 9_999
@@ -349,6 +349,8 @@ def seeds_needed(sigma: float, delta: float, alpha: float = 0.05, power: float =
     """
     if not sigma >= 0:
         raise ValueError(f"sigma must be a non-negative number, got {sigma}")
+    if not np.isfinite(delta):
+        raise ValueError(f"delta must be a finite number, got {delta}: the seeds needed are unknown")
     if delta == 0:
         return max_seeds + 1
     if sigma == 0:
@@ -597,10 +599,14 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
     for method, group in table.groupby("correction"):
         table.loc[group.index, "p_adj"] = adjust_pvalues(group["p_value"], method, alpha)
     table["p_holm"] = table["p_adj"].where(table["correction"] == "holm")
+    # Confirmatory comparisons are planned at the level Holm applies at its first step, alpha / m over
+    # the m testable ones, so the seeds give the power after the correction; exploratory ones at alpha.
+    m = table.loc[table["correction"] == "holm", "p_value"].notna().sum()
+    table["plan_alpha"] = np.where(table["correction"] == "holm", alpha / max(1, m), alpha)
     plans = {
-        "seeds_needed": lambda r: _plan(r, r["delta_min"], alpha),
-        "seeds_needed_conservative": lambda r: _plan(r, r["delta_min"], alpha, conservative=True),
-        "seeds_needed_observed": lambda r: _plan(r, abs(r["diff_mean"]), alpha),
+        "seeds_needed": lambda r: _plan(r, r["delta_min"], r["plan_alpha"]),
+        "seeds_needed_conservative": lambda r: _plan(r, r["delta_min"], r["plan_alpha"], conservative=True),
+        "seeds_needed_observed": lambda r: _plan(r, abs(r["diff_mean"]), r["plan_alpha"]),
     }
     for column, plan in plans.items():
         table[column] = table.apply(plan, axis=1).astype("Int64")
