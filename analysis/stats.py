@@ -31,7 +31,7 @@ CELL_COLUMNS = ["family", "size", "metric", "higher_is_better", "n_seeds", "seed
 HB_COLUMNS = ["hb_low", "hb_high", "hb_p", "hb_se_seeds", "hb_se_items"]  # of `hierarchical`, in compare
 COMPARISON_COLUMNS = [
     "family", "baseline", "size", "metric", "higher_is_better", "pairing", "n_pairs", "n_candidate", "n_baseline",
-    "seeds_dropped", "single_seed", "diff_mean", "diff_std", "ci_level", "ci_low", "ci_high",
+    "seeds_dropped", "single_seed", "diff_mean", "raw_diff", "diff_std", "ci_level", "ci_low", "ci_high",
     "tost_low", "tost_high", "p_value", "correction", "p_adj", "p_holm", "welch_p", "welch_df",
     "welch_low", "welch_high", "signflip_p", "p_min_attainable", "prob_improvement", "mannwhitney_p",
     "seed_wins", "wins_low", "wins_high", "dz", *HB_COLUMNS, "sigma", "sigma_df", "sigma_pooled", "delta_min",
@@ -590,6 +590,7 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
     if not rows:
         return pd.DataFrame(columns=columns)
     table = _sigma(pd.DataFrame(rows), keys)
+    table["raw_diff"] = np.where(table["higher_is_better"].astype(bool), 1.0, -1.0) * table["diff_mean"]
     if isinstance(delta_min, Mapping):
         table["delta_min"] = table["metric"].map(delta_min).astype(float)
     else:
