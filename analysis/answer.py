@@ -13,31 +13,34 @@ from analysis.compute import (Analysis, confirmatory_rows, families, in_report_o
                               seed_means)
 from analysis.sequential import FUTILE
 from analysis.stats import BETTER, DECIDED, EQUIVALENT_VERDICTS, WORSE
-from analysis.text import (CORRECTION_LABELS, difference, listed, margins, md_table, num, p_text, seeds, seeds_text,
-                           signed, where)
+from analysis.text import (EARLY_MEANING, IMPROVEMENT, RAW, decided_by, decision_text, improvement_text, level_text,
+                           listed, margins, md_table, num, p_text, raw_text, seeds, seeds_text, signed, where)
 from common.metrics import MetricSpec
 
 
 def _headline(row: pd.Series, analysis: Analysis) -> str:
     """A decisive confirmatory comparison as a claim, with its numbers."""
     what = f"{analysis.label(row['metric'])} at {where(row, analysis.keys)}"
-    numbers = f"{difference(row)}, {seeds(row)}, Holm p = {p_text(row['p_adj'])}"
+    numbers = (f"improvement {improvement_text(row)} (raw difference {raw_text(row)}), {seeds(row)},"
+               f" Holm p = {p_text(row['p_adj'])}; {decided_by(row)}")
     verb = "beats" if row["verdict"] == BETTER else "is worse than"
     return f"{row['family']} {verb} {row['baseline']} on {what}: {numbers}."
 
 
 def _together(analysis: Analysis, rows: pd.DataFrame) -> str:
-    """Comparisons named briefly, families joined per metric and place: "lidas and looped on
-    RegBench TVD at tiny; lidas on ..."."""
-    groups = rows.assign(at=[where(row, analysis.keys) for _, row in rows.iterrows()])
-    return "; ".join(f"{listed(list(group['family']))} on {analysis.label(metric)} at {at}"
-                     for (metric, at), group in groups.groupby(["metric", "at"], sort=False))
+    """Comparisons named briefly, families joined per metric, place and what decided them: "lidas
+    and looped on RegBench TVD at tiny (look 1 of 2, 97.5%, Holm over m = 2 (adaptive rule, each
+    look)); lidas on ..."."""
+    groups = rows.assign(at=[where(row, analysis.keys) for _, row in rows.iterrows()],
+                         by=[decided_by(row) for _, row in rows.iterrows()])
+    return "; ".join(f"{listed(list(group['family']))} on {analysis.label(metric)} at {at} ({by})"
+                     for (metric, at, by), group in groups.groupby(["metric", "at", "by"], sort=False))
 
 
 def headline_section(analysis: Analysis) -> list[str]:
     """The confirmatory comparisons: each decisive one as a claim with its numbers, the others
     grouped by what they lack (their numbers are in the claims table below)."""
-    rows = _with_rule_verdicts(analysis, confirmatory_rows(analysis))
+    rows = confirmatory_rows(analysis)
     lines = ["## Headline", ""]
     if rows.empty:
         return lines + ["No confirmatory comparison: the baseline or a second family has no finished runs"
@@ -61,18 +64,9 @@ def headline_section(analysis: Analysis) -> list[str]:
         lines.append(f"- No decision yet: {_together(analysis, open_)}{plan}.")
     if single.any():
         lines.append(f"- No test possible, fewer than 2 seeds: {_together(analysis, rows[single])}.")
+    if rows["winners_curse"].astype(bool).any():
+        lines.append(f"- {EARLY_MEANING}")
     return lines + _reference_cautions(analysis) + mechanism_lines(analysis)
-
-
-def _with_rule_verdicts(analysis: Analysis, rows: pd.DataFrame) -> pd.DataFrame:
-    """An adaptive sweep's comparisons that its stopping rule stopped for futility (recorded in
-    sweep.yaml's last look) say so: no seeds are coming, so "no decision yet" would mislead."""
-    looks = analysis.spec.get("looks") or []
-    if not looks or rows.empty:
-        return rows
-    arms = rows["family"] + "/" + rows["size"].astype(str)
-    futile = arms.map(looks[-1].get("verdicts", {})).eq(FUTILE) & rows["metric"].eq(looks[-1]["rule"]["metric"])
-    return rows.assign(verdict=rows["verdict"].mask(futile, FUTILE))
 
 
 def mechanism_lines(analysis: Analysis) -> list[str]:
@@ -134,8 +128,8 @@ def _compared_claim_rows(analysis: Analysis, metric: str) -> list[list[str]]:
     spec = analysis.spec_of(metric)
     rows = in_report_order(analysis, analysis.comparisons[analysis.comparisons["metric"] == metric])
     return [[f"{row['family']} vs {row['baseline']}, {where(row, analysis.keys)}",
-             f"{row['verdict']} ({CORRECTION_LABELS[row['correction']]} p = {p_text(row['p_adj'])})",
-             f"{difference(row)}, {seeds(row)}", _paper_text(spec, row["family"], row["baseline"])]
+             f"{decision_text(row)}, p = {p_text(row['p_adj'])}",
+             f"{improvement_text(row)}, {seeds(row)}", raw_text(row), _paper_text(spec, row["family"], row["baseline"])]
             for _, row in rows.iterrows()]
 
 
@@ -145,7 +139,8 @@ def _cost_claim_rows(analysis: Analysis, metric: str) -> list[list[str]]:
     table = seed_means(analysis, [metric])
     base = table[table["family"] == baseline].set_index("size")[metric]
     return [[f"{r['family']} vs {baseline}, {r['size']}", "exact (counted from the stage schedule)",
-             f"{1 - r[metric] / base[r['size']]:.1%} fewer", _paper_text(spec, r["family"], baseline)]
+             f"{1 - r[metric] / base[r['size']]:.1%} fewer", signed(r[metric] - base[r["size"]]),
+             _paper_text(spec, r["family"], baseline)]
             for _, r in table.iterrows() if r["family"] != baseline and r["size"] in base.index]
 
 
@@ -160,7 +155,8 @@ def _p_value_claim_rows(analysis: Analysis, metric: str) -> list[list[str]]:
         p = stats.combine_pvalues(group[metric], method="fisher").pvalue
         shown = " vs ".join(num(group[m].mean()) for m in beside) + (" by chance" if len(beside) == 2 else "")
         rows.append([f"{family}, {size}", f"{'shown' if p < alpha else 'not shown'} (Fisher p = {p_text(p)})",
-                     f"{shown}, {seeds_text(len(group))} seeds", _paper_text(spec, family, analysis.options.baseline)])
+                     f"{shown}, {seeds_text(len(group))} seeds", "–",
+                     _paper_text(spec, family, analysis.options.baseline)])
     return rows
 
 
@@ -179,9 +175,17 @@ def claims_section(analysis: Analysis) -> list[str]:
     lines = ["## Claims of the paper", ""]
     if not table:
         return lines + ["None of the paper's claims was measured: no finished run recorded a metric that declares one."]
-    return lines + [f"The sweep's verdict on each claim it measured ({1 - analysis.options.alpha:.0%} intervals,"
-                    " differences as candidate minus baseline) beside the paper's single-seed figure.", "",
-                    *md_table(["claim", "comparison", "verdict", "difference [CI], seeds", "paper, one seed"], table)]
+    compared = analysis.comparisons[analysis.comparisons["metric"].isin([m for m in analysis.metric_specs
+                                                                          if analysis.spec_of(m).claim])]
+    early = [EARLY_MEANING] if compared["winners_curse"].astype(bool).any() else []
+    return lines + [f"The sweep's verdict on each claim it measured ({level_text(1 - analysis.options.alpha)} intervals"
+                    " unless the verdict names another level), with the look, level and correction family that"
+                    " decided it, beside the paper's single-seed figure. The improvement is > 0 when the candidate"
+                    " is better, for every metric; the raw difference beside it is candidate minus baseline in"
+                    " the metric's own units.", "",
+                    *md_table(["claim", "comparison", "verdict (look, level, correction family)",
+                               f"{IMPROVEMENT}, seeds", RAW, "paper, one seed"], table),
+                    *(["", *early] if early else [])]
 
 
 def _metric_rank(analysis: Analysis) -> Callable[[str], tuple[int, str]]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.compute import Analysis, confirmatory_rows, family_size, in_report_order, primary
+from analysis.sequential import plan_comparisons
 from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
 from analysis.stats import BOOT_NOMINAL_N, BOOT_RELIABLE_N, DECIDED, SEEDS_MAX, p_min_mannwhitney, p_min_signflip
-from analysis.text import (LISTED_RUNS, has, have, margins, md_table, num, seeds_needed_text, seeds_text, text,
+from analysis.text import (EARLY_MEANING, LISTED_RUNS, has, have, level_text, margins, md_table, num, seeds_needed_text,
+                           seeds_text, text,
                            unlisted, where)
 
 
@@ -31,17 +33,28 @@ def setup_section(analysis: Analysis) -> list[str]:
         f"- Seeds per cell: {seeds}",
         f"- Baseline: {o.baseline}; pairing: {o.pairing}"
         + (" (seed s of a family against seed s of the baseline)" if o.pairing == "paired" else ""),
-        f"- alpha = {o.alpha:g}, two-sided; {1 - o.alpha:.0%} intervals",
+        _alpha_line(analysis),
         _cells_line(analysis),
         f"- Correction: Holm over the confirmatory family ({', '.join(analysis.primary_metrics)} x families x sizes"
         + "".join(f" x {k} values" for k in analysis.keys)
         + f", m = {m}); Benjamini-Hochberg over the other metrics (exploratory)",
-        f"- Bootstrap: BCa over seeds, {o.n_boot} resamples, in results.parquet only"
+        f"- Bootstrap: BCa over seeds, {o.n_boot} resamples, in results/cells.parquet only"
         f" (unreliable below {BOOT_RELIABLE_N} seeds, approximate below {BOOT_NOMINAL_N}: its coverage is"
         " still under nominal there)",
         f"- Equivalence margin and planning gap: delta_min = {margins(o.delta_min)}",
         f"- Analysis seed: {o.seed}",
     ]
+
+
+def _alpha_line(analysis: Analysis) -> str:
+    """alpha and the level of the intervals; for an adaptive sweep, that alpha is per look: the
+    rule's alpha split over its K looks (Bonferroni)."""
+    o, looks = analysis.options, analysis.spec.get("looks") or []
+    if not looks:
+        return f"- alpha = {o.alpha:g}, two-sided; {level_text(1 - o.alpha)} intervals"
+    rule, k = looks[-1]["rule"], looks[-1]["n_looks"]
+    return (f"- alpha = {rule['alpha']:g} over the adaptive rule's K = {k} looks, so {o.alpha:g} per look"
+            f" (alpha / K), two-sided; {level_text(1 - o.alpha)} intervals at every look and in this report")
 
 
 def _cells_line(analysis: Analysis) -> str:
@@ -127,11 +140,11 @@ def _item_noise_lines(analysis: Analysis) -> list[str]:
 
 
 def _look_verdicts(look: dict) -> str:
-    """A look's verdicts, each with the look that settled it (a settled verdict stays settled)."""
-    settled = {f"{c['family']}/{c['size']}": c.get("settled_at_look")
-               for c in (look.get("plan") or {}).get("comparisons", [])}
-    return ", ".join(f"{k}: {v}" + (f" (settled at look {settled[k]})" if settled.get(k) is not None else "")
-                     for k, v in sorted(look["verdicts"].items()))
+    """A look's verdicts per comparison (family, size and cell), each with the look that settled it
+    (a settled verdict stays settled)."""
+    return ", ".join(f"{arm}: {c['verdict']}"
+                     + (f" (settled at look {c['settled_at_look']})" if c.get("settled_at_look") is not None else "")
+                     for arm, c in sorted(plan_comparisons(look["plan"]).items()))
 
 
 def looks_section(analysis: Analysis) -> list[str]:
@@ -139,7 +152,7 @@ def looks_section(analysis: Analysis) -> list[str]:
     looks = analysis.spec.get("looks") or []
     if not looks:
         return []
-    rows = [[str(look["look"]), str(look["n_looks"]), str(look["n_seeds"]), f"{look['level']:.4f}",
+    rows = [[str(look["look"]), str(look["n_looks"]), str(look["n_seeds"]), level_text(look["level"]),
              look["decision"], _look_verdicts(look), str(look.get("runs_saved", 0))] for look in looks]
     saved = sum(look.get("runs_saved", 0) for look in looks)
     lines = ["## Looks (adaptive seeding)", "",
@@ -149,7 +162,7 @@ def looks_section(analysis: Analysis) -> list[str]:
              f" next seeds: {saved} runs were not started because their arm was settled.", "",
              *md_table(["look", "of", "seeds", "level", "decision", "verdicts", "runs saved"], rows)]
     if looks[-1]["decision"] != "continue" and looks[-1]["look"] < looks[-1]["n_looks"]:
-        lines += ["", "Stopped early: estimates from an early stop are biased away from 0 (winner's curse)."]
+        lines += ["", f"Stopped early. {EARLY_MEANING}"]
     return lines + [""]
 
 
@@ -182,15 +195,17 @@ def how_to_read_section(analysis: Analysis) -> list[str]:
     floors = ", ".join(f"{p_min_signflip(n):.3g} with {n}" for n in ns)
     return [
         "## How to read this", "",
-        f"- **Interval.** The {1 - o.alpha:.0%} CI is a t-interval over seeds: repeated with new seeds,"
-        f" {1 - o.alpha:.0%} of intervals built this way would contain the true mean, if the seeds' values are"
+        f"- **Interval.** The {level_text(1 - o.alpha)} CI is a t-interval over seeds: repeated with new seeds,"
+        f" {level_text(1 - o.alpha)} of intervals built this way would contain the true mean, if the seeds' values are"
         " near-normal. With 3 seeds it is wide because the seed-to-seed spread is itself barely known. Where"
         " the seeds are strongly skewed (marked 'skewed', judged from 5 seeds) the promise fails: coverage"
         " drops to about 82-92%.",
-        "- **Hierarchical p** is one-sided (the share of resamples with no improvement), unlike the two-sided"
-        " p-values beside it; halve a two-sided p before comparing the two.",
-        "- **Differences** are candidate minus baseline in the metric's own units, paired by seed when pairing"
-        " is paired; 'better' and 'worse' already account for whether higher or lower is better.",
+        "- **Hierarchical p** is one-sided: it tests 'no improvement' (improvement <= 0) against 'an"
+        " improvement', from the one-sided tail of the studentised hierarchical bootstrap, unlike the two-sided"
+        " p-values beside it.",
+        "- **Improvement** is > 0 when the candidate is better, for every metric (the difference signed by the"
+        " metric's direction); the raw difference beside it is candidate minus baseline in the metric's own"
+        " units, paired by seed when pairing is paired.",
         "- **Cells.** Each value of a swept config key (such as train.lr) is its own cell, and a family is"
         " compared with the baseline at the same values only. Keys that only restate the family or the size"
         " (family.*, a family's own model.n_layers) or cannot change results (store, cluster, resources,"
@@ -199,7 +214,7 @@ def how_to_read_section(analysis: Analysis) -> list[str]:
         f" and so on, so the chance of any false 'better' or 'worse' among them stays below {o.alpha:g}."
         " Other metrics are exploratory: Benjamini-Hochberg keeps the expected share of false findings"
         " among them below alpha.",
-        f"- **Verdicts.** equivalent: the {1 - 2 * o.alpha:.0%} CI inside +-delta_min; 'equivalent (negligible"
+        f"- **Verdicts.** equivalent: the {level_text(1 - 2 * o.alpha)} CI inside +-delta_min; 'equivalent (negligible"
         f" difference)' when the difference is also significant (adjusted p < {o.alpha:g}) but smaller than"
         f" the margin. better / worse: adjusted p < {o.alpha:g}, the CI on one side of 0, and not inside the"
         " margin. inconclusive: none of these. 'More seeds' figures are"

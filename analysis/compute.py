@@ -2,19 +2,22 @@
 the curves and training logs, and what the runs' jobs declared about each metric and curve.
 Everything the report writes (markdown.py, figures.py, console.py) reads an `Analysis`.
 
-results.parquet stacks the three tidy tables; column `table` says which a row belongs to: runs
-(one row per finished run x metric, plus one row per run that is not done, with status and
-error), cells (`summarize`) and comparisons (`compare`). `read_results(path, "cells")` reads one."""
+The report writes each table of `results_tables` to its own file, results/<table>.parquet and
+results/<table>.csv: runs (one row per finished run x metric, plus one row per run that is not
+done, with status and error), cells (`summarize`) and comparisons (`compare`, with the adaptive
+rule's verdicts where it decided); docs/store.md "Report outputs" gives their schemas."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from analysis.load import RunFileReader, Selection, load_paper_flops, load_sweep
-from analysis.stats import N_BOOT, cell_keys, compare, summarize
+from analysis.sequential import DECIDING_COLUMNS, FINAL, comparison_key, rule_decisions
+from analysis.stats import BETTER, EQUIVALENT_VERDICTS, N_BOOT, NEGLIGIBLE, WORSE, cell_keys, compare, summarize
 from analysis.text import where
 from common.metrics import CurveSpec, MetricSpec
 
@@ -106,41 +109,59 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
     return Analysis(
         sweep=sweep, spec=spec, runs=selection.runs(), values=values,
         cells=summarize(values, 1 - options.alpha, options.n_boot, options.seed, by=keys, items=items),
-        comparisons=compare(values, options.baseline, options.pairing, primary,
-                            options.alpha, options.delta_min, options.seed, by=keys, items=items,
-                            n_boot=HB_FINAL),
+        comparisons=decided(compare(values, options.baseline, options.pairing, primary,
+                                    options.alpha, options.delta_min, options.seed, by=keys, items=items,
+                                    n_boot=HB_FINAL), spec.get("looks") or [], keys),
         options=options, keys=tuple(keys), history=selection.history(),
         curves={name: selection.curves(name) for name, c in curve_specs.items() if c.kind != "data"},
         metric_specs=metric_specs, curve_specs=curve_specs, paper_flops=load_paper_flops(store_root, sweep))
 
 
-def _nullable(table: pd.DataFrame) -> pd.DataFrame:
-    """Integer and boolean columns as nullable dtypes, so they keep their type next to other tables."""
-    return table.astype({**{c: "Int64" for c in table.select_dtypes("integer").columns},
-                         **{c: "boolean" for c in table.select_dtypes("bool").columns}})
+CORRECTIONS = {"holm": "Holm", "fdr_bh": "Benjamini-Hochberg"}
+DECISION_COLUMNS = ["look", "n_looks", "level", "correction_family", "winners_curse", "fixed_verdict"]
 
 
-def results_table(analysis: Analysis) -> pd.DataFrame:
-    """The three tidy tables stacked into one, told apart by the `table` column. Each table's own
-    columns, in order, are kept in attrs["tables"] (stored in the parquet file) for `read_results`."""
+def decided(comparisons: pd.DataFrame, looks: list[dict], keys: list[str]) -> pd.DataFrame:
+    """The comparisons with one decision procedure: where an adaptive sweep's rule decided a
+    comparison (its recorded `looks`, `rule_decisions`), the rule's verdict, the look that decided
+    it, that look's level, its Holm family and the numbers the rule saw there (DECIDING_COLUMNS,
+    p_adj / p_holm); elsewhere compare's fixed-sample verdict at the report's level. Adds look and
+    n_looks (NA without looks), level, correction_family ("Holm over m = 4, per look" and the
+    like), winners_curse (decided before the last look: the estimate is biased away from 0) and
+    fixed_verdict, the fixed-sample re-analysis on all seeds at the end (secondary)."""
+    table = comparisons.assign(fixed_verdict=comparisons["verdict"])
+    m = table.groupby("correction")["p_value"].transform(lambda p: int(p.notna().sum()))
+    kind = np.where(table["correction"] == "holm", "confirmatory", "exploratory")
+    table["correction_family"] = [f"{CORRECTIONS[c]} over m = {n} ({k})"
+                                  for c, n, k in zip(table["correction"], m, kind)]
+    table["level"] = table["ci_level"]
+    table["look"] = table["n_looks"] = pd.array([pd.NA] * len(table), dtype="Int64")
+    table["winners_curse"] = False
+    rule = rule_decisions(looks)
+    for i, row in table.iterrows():
+        decision = rule.get(comparison_key(row["family"], row["size"], {k: row[k] for k in keys}, row["metric"]))
+        if decision is None:
+            continue
+        numbers = {c: decision[c] for c in DECIDING_COLUMNS if decision[c] is not None}
+        table.loc[i, [*numbers, "p_adj", "p_holm", "verdict", "look", "n_looks", "level", "correction_family",
+                      "winners_curse"]] = [
+            *numbers.values(), decision["p_adj"], decision["p_adj"], decision["verdict"], decision["look"],
+            decision["n_looks"], decision["level"], f"Holm over m = {decision['m']} (adaptive rule, each look)",
+            decision["verdict"] in FINAL and decision["look"] < decision["n_looks"]]
+    table["significant"] = table["verdict"].isin([BETTER, WORSE, NEGLIGIBLE])
+    table["inside_margin"] = table["verdict"].isin(EQUIVALENT_VERDICTS)
+    columns = [c for c in table.columns if c not in ("verdict", *DECISION_COLUMNS)]
+    return table[[*columns, "verdict", *DECISION_COLUMNS]]
+
+
+def results_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
+    """The report's tidy tables by name (TABLES), each with the sweep's name first: the files
+    results/<name>.parquet and results/<name>.csv hold them."""
     not_done = analysis.runs[analysis.runs["status"] != "done"]
     tables = {"runs": pd.concat([analysis.values.assign(status="done"), not_done], ignore_index=True),
               "cells": analysis.cells, "comparisons": analysis.comparisons}
-    tables = {name: _nullable(t).assign(sweep=analysis.sweep) for name, t in tables.items()}
-    stacked = pd.concat([t.assign(table=name) for name, t in tables.items()], ignore_index=True)
-    stacked = stacked[["table", "sweep", *[c for c in stacked.columns if c not in ("table", "sweep")]]]
-    stacked.attrs["tables"] = {name: ["sweep", *[c for c in t.columns if c != "sweep"]]
-                               for name, t in tables.items()}
-    return stacked
-
-
-def read_results(path: str | Path, table: str) -> pd.DataFrame:
-    """One table of a results.parquet, with its own columns only, in their original order."""
-    if table not in TABLES:
-        raise ValueError(f"table must be one of {TABLES}, got {table!r}")
-    results = pd.read_parquet(path)
-    rows = results[results["table"] == table]
-    return rows[results.attrs["tables"][table]].reset_index(drop=True)
+    return {name: table.assign(sweep=analysis.sweep)[["sweep", *(c for c in table.columns if c != "sweep")]]
+            for name, table in tables.items()}
 
 
 # ---- derived tables the report's parts share ---------------------------------------------------

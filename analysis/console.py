@@ -7,13 +7,14 @@ from rich.console import Group
 from rich.table import Table
 
 from analysis.compute import Analysis, position, references
-from analysis.text import CORRECTION_LABELS, cell_text, key_texts, num, p_text, seeds_text, signed
+from analysis.text import (CORRECTION_LABELS, EARLY, EARLY_MEANING, cell_text, decision_text, flag, key_texts,
+                           level_text, num, p_text, raw_text, seeds_text, signed)
 
 
 def render_summary(analysis: Analysis) -> Group:
     """The key tables as a rich renderable: primary-metric cells, references, verdicts."""
     keys = analysis.keys
-    cells = Table(title=f"{analysis.sweep}: primary metrics, mean [{1 - analysis.options.alpha:.0%} CI] (n)")
+    cells = Table(title=f"{analysis.sweep}: primary metrics, mean [{level_text(1 - analysis.options.alpha)} CI] (n)")
     for column in ("metric", "family", "size", *keys, "mean [CI] (n)"):
         cells.add_column(column)
     primary = analysis.cells[analysis.cells["metric"].isin(analysis.primary_metrics)]
@@ -28,14 +29,18 @@ def render_summary(analysis: Analysis) -> Group:
             first, second = (analysis.label(name) for name in spec.references[:2])
             cells.add_row("position", row["family"], row["size"], *key_texts(row, keys),
                           f"{num(row['position'])}  (0 = {first}, 1 = {second})")
-    verdicts = Table(title=f"primary metrics against {analysis.options.baseline} (delta > 0: better; "
-                     f"all metrics in report.md)")
-    for column in ("metric", "size", *keys, "family", "delta", "CI", "adjusted p", "verdict", "seeds needed"):
-        verdicts.add_column(column)
     primary_rows = analysis.comparisons[analysis.comparisons["metric"].isin(analysis.primary_metrics)]
+    early = primary_rows["winners_curse"].astype(bool).any()
+    verdicts = Table(title=f"primary metrics against {analysis.options.baseline} (improvement > 0 is better for every"
+                     f" metric; all metrics in report.md)", caption=EARLY_MEANING if early else None)
+    for column in ("metric", "size", *keys, "family", "improvement (> 0 = better)", "CI",
+                   "raw difference (candidate - baseline)", "adjusted p", "verdict (look, level, correction family)",
+                   "seeds needed"):
+        verdicts.add_column(column)
     for _, row in primary_rows.iterrows():
-        verdicts.add_row(row["metric"], row["size"], *key_texts(row, keys), row["family"], signed(row["diff_mean"]),
-                         f"{signed(row['ci_low'])} to {signed(row['ci_high'])}",
-                         f"{p_text(row['p_adj'])} ({CORRECTION_LABELS[row['correction']]})", row["verdict"],
+        verdicts.add_row(row["metric"], row["size"], *key_texts(row, keys), row["family"],
+                         signed(row["diff_mean"]) + (f" ({EARLY})" if flag(row, "winners_curse") else ""),
+                         f"{signed(row['ci_low'])} to {signed(row['ci_high'])}", raw_text(row),
+                         f"{p_text(row['p_adj'])} ({CORRECTION_LABELS[row['correction']]})", decision_text(row),
                          "–" if pd.isna(row["seeds_needed"]) else seeds_text(row["seeds_needed"]))
     return Group(cells, verdicts)

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 import analysis.plots as plots
 from analysis.compute import Analysis, data_keys, families, in_report_order, primary, references
-from analysis.text import has, where
+from analysis.text import EARLY_MEANING, has, level_text, where
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def _seed_plot(analysis: Analysis, metric: str) -> Plot:
         groups = cells[["group", "size", *analysis.keys]].drop_duplicates("group")
         refs = refs.assign(name=refs["metric"].map(analysis.label), value=refs["mean"])
         lines = groups.merge(refs, on=["size", *data_keys(analysis)])[["group", "name", "value"]]
-    level = f"{1 - analysis.options.alpha:.0%}"
+    level = level_text(1 - analysis.options.alpha)
     shown = (("the seeds", f"Per family a box: the seeds' quartiles, whiskers at the 5th and 95th percentile"
               f" (more than {plots.DOTS_MAX} seeds in a cell)") if plots.too_many_dots(values) else
              ("every seed", "One dot per seed; grey lines join the same seed across families (the pairing)"))
@@ -76,7 +76,7 @@ def _line_plot(analysis: Analysis, name: str) -> Plot:
 
 def _cost_plot(analysis: Analysis) -> Plot:
     """The primary metrics against the (first) declared cost."""
-    level = f"{1 - analysis.options.alpha:.0%}"
+    level = level_text(1 - analysis.options.alpha)
     costs = sorted(m for m in set(analysis.values["metric"]) if analysis.spec_of(m).cost)
     points = pd.DataFrame()
     if costs:
@@ -102,15 +102,19 @@ def _cost_section(analysis: Analysis) -> str:
 def draw(analysis: Analysis) -> list[Plot]:
     """The report's figures, in report order."""
     o = analysis.options
-    level = f"{1 - o.alpha:.0%}"
+    level = level_text(1 - o.alpha)
     comparisons = grouped(analysis, primary(analysis, analysis.comparisons))
     hierarchical = ("; thin whisker: hierarchical bootstrap interval (seeds and items)"
                     if has(comparisons, "hb_low") else "")
     return [
         Plot("forest", f"Differences against {o.baseline}",
-             f"Per family and size, the mean paired difference (> 0 = better than {o.baseline}; for"
-             f" lower-is-better metrics the sign is flipped) with its {level} t-interval (thick){hierarchical};"
-             " filled marker: decisive after Holm; dashed line: no difference; grey band: +-delta_min.",
+             f"Per family and size, the improvement over {o.baseline}: the mean paired difference with the"
+             f" sign that makes > 0 better for every metric (the raw difference, candidate minus baseline, is"
+             f" its negative for lower-is-better metrics), with its {level} t-interval (thick){hierarchical};"
+             " filled marker: better or worse by the verdict the report states (the adaptive rule's where it"
+             " decided); dashed line: no difference; grey band: +-delta_min."
+             + (f" {EARLY_MEANING}" if comparisons["winners_curse"].astype(bool).any()
+                else ""),
              plots.forest(comparisons, families(analysis), o.baseline), "no comparison of a primary metric"),
         *[_seed_plot(analysis, metric) for metric in analysis.primary_metrics],
         Plot("loss", "Training loss",

@@ -16,9 +16,10 @@ from analysis.certainty import failed_section, how_sure_section, how_to_read_sec
 from analysis.compute import (Analysis, families, in_report_order, metrics, not_beating_references, position,
                               references, seed_means)
 from analysis.figures import Plot, draw
-from analysis.text import (CORRECTION_LABELS, LISTED_RUNS, cell_text, difference, flag, has, interval_text, key_texts,
-                           md_table, num, p_text, raw_interval, seeds, seeds_needed_text, sign, signed, slugs, unlisted,
-                           verdict_text, where)
+from analysis.text import (CORRECTION_LABELS, EARLY_MEANING, IMPROVEMENT, LISTED_RUNS, RAW, cell_text, decided_by,
+                           decision_text, flag, has, improvement_text, interval_text, key_texts, level_text, md_table,
+                           num, p_text, raw_text, seeds, seeds_needed_text, sign, signed, slugs, unlisted, verdict_text,
+                           where)
 
 
 def _grid(analysis: Analysis, table: pd.DataFrame, sizes: list[str],
@@ -48,7 +49,7 @@ def _metric_section(analysis: Analysis, metric: str) -> list[str]:
     cells = analysis.cells[analysis.cells["metric"] == metric]
     sizes = sorted(set(cells["size"]))
     rows = _grid(analysis, cells, sizes, cell_text) + _reference_rows(analysis, metric, sizes)
-    return [f"Mean [{1 - analysis.options.alpha:.0%} t-interval] (n seeds).", "",
+    return [f"Mean [{level_text(1 - analysis.options.alpha)} t-interval] (n seeds).", "",
             *md_table(["family", *analysis.keys, *sizes], rows), *_position_lines(analysis, metric, sizes)]
 
 
@@ -85,9 +86,8 @@ def _position_lines(analysis: Analysis, metric: str, sizes: list[str]) -> list[s
 
 
 def _sentence(row: pd.Series, analysis: Analysis, failing: set[tuple[str, str, str]]) -> str:
-    """One comparison in words, with the difference in the metric's own direction."""
-    direction = sign(row)
-    low, high = raw_interval(row)
+    """One comparison in words: the improvement (> 0 = better) with its interval, the raw difference
+    in the metric's own direction beside it, and what decided the verdict."""
     word = ("on average better" if row["diff_mean"] > 0 else "on average worse" if row["diff_mean"] < 0
             else "no different on average")
     paired = row["pairing"] == "paired"
@@ -97,16 +97,18 @@ def _sentence(row: pd.Series, analysis: Analysis, failing: set[tuple[str, str, s
     rank_name, rank_p = ("sign-flip", row["signflip_p"]) if paired else ("Mann-Whitney", row["mannwhitney_p"])
     floor = " (the smallest possible)" if rank_p <= row["p_min_attainable"] * (1 + 1e-9) else ""
     at = where(row, analysis.keys)
-    sentence = (f"{row['family']} vs {row['baseline']}, {analysis.label(row['metric'])}, {at}:"
-                f" {signed(direction * row['diff_mean'])}, {word} ({'higher' if direction > 0 else 'lower'} is"
-                f" better; {row['ci_level']:.0%} CI {signed(low)} to {signed(high)},"
-                f" {'paired t' if paired else 'Welch t'}, {n_seeds}, {CORRECTION_LABELS[row['correction']]} p ="
-                f" {p_text(row['p_adj'])})")
+    sentence = (f"{row['family']} vs {row['baseline']}, {analysis.label(row['metric'])}, {at}: improvement"
+                f" {signed(row['diff_mean'])}, {word} ({level_text(row['ci_level'])} CI {signed(row['ci_low'])} to"
+                f" {signed(row['ci_high'])}; raw difference {raw_text(row)}, {'higher' if sign(row) > 0 else 'lower'}"
+                f" is better; {'paired t' if paired else 'Welch t'}, {n_seeds}, {CORRECTION_LABELS[row['correction']]}"
+                f" p = {p_text(row['p_adj'])})")
     if row["n_pairs"]:
         sentence += f"; {row['seed_wins']}/{row['n_pairs']} seeds better"
     if pd.notna(rank_p):
         sentence += f"; {rank_name} p = {p_text(rank_p)}{floor}"
-    sentence += f"; {verdict_text(row, analysis.options.alpha)}."
+    sentence += f"; {verdict_text(row, analysis.options.alpha)} ({decided_by(row)})."
+    if flag(row, "winners_curse"):
+        sentence += f" {EARLY_MEANING}"
     caution = [f for f in (row["family"], row["baseline"]) if (row["metric"], f, at) in failing]
     if caution:
         first = analysis.label(analysis.spec_of(row["metric"]).references[0])
@@ -116,19 +118,22 @@ def _sentence(row: pd.Series, analysis: Analysis, failing: set[tuple[str, str, s
 
 
 def _comparison_table(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
-    """One metric's comparisons, differences in the metric's own units (candidate - baseline)."""
+    """One metric's comparisons: the improvement (> 0 = better) with its interval at the level of
+    its verdict, the raw difference beside it, and the verdict with what decided it."""
     hierarchical = has(rows, "hb_low")
-    header = ["family", "size", *analysis.keys, f"difference [{rows['ci_level'].iloc[0]:.0%} CI]",
-              *(["hierarchical CI", "hierarchical p (one-sided)"] if hierarchical else []), "seeds", "p",
-              "adjusted p", "seeds better", "verdict", "seeds for 80% power"]
+    header = ["family", "size", *analysis.keys, IMPROVEMENT, RAW,
+              *(["hierarchical CI of the improvement", "hierarchical p (one-sided: improvement <= 0)"]
+                if hierarchical else []), "seeds", "p", "adjusted p", "seeds better",
+              "verdict (look, level, correction family)", "fixed-sample verdict (secondary)", "seeds for 80% power"]
     table = [[row["family"], row["size"], *key_texts(row, analysis.keys),
-              difference(row) + (" (skewed)" if flag(row, "diff_skewed") else ""),
-              *([interval_text(raw_interval(row, "hb_low", "hb_high")), p_text(row["hb_p"])] if hierarchical else []),
+              improvement_text(row) + (" (skewed)" if flag(row, "diff_skewed") else ""), raw_text(row),
+              *([interval_text((row["hb_low"], row["hb_high"])), p_text(row["hb_p"])] if hierarchical else []),
               seeds(row), p_text(row["p_value"]), f"{p_text(row['p_adj'])} ({CORRECTION_LABELS[row['correction']]})",
-              f"{row['seed_wins']}/{row['n_pairs']}" if row["n_pairs"] else "–", row["verdict"],
-              seeds_needed_text(row["seeds_needed"])]
+              f"{row['seed_wins']}/{row['n_pairs']}" if row["n_pairs"] else "–", decision_text(row),
+              row["fixed_verdict"], seeds_needed_text(row["seeds_needed"])]
              for _, row in rows.iterrows()]
-    return md_table(header, table)
+    early = ["", EARLY_MEANING] if rows["winners_curse"].astype(bool).any() else []
+    return md_table(header, table) + early
 
 
 def _curve_sections(analysis: Analysis, names: set[str]) -> list[str]:

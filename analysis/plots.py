@@ -26,6 +26,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import RcKeyType
 
+from analysis.text import level_text
+
 STYLE: dict[RcKeyType, Any] = {
     "font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9,
     "legend.fontsize": 8, "legend.frameon": False, "axes.spines.top": False, "axes.spines.right": False,
@@ -83,9 +85,10 @@ def _whiskers(ax, x, low, high, y, y_low, y_high, colour: str, transform) -> Non
 
 @_styled
 def forest(comparisons: pd.DataFrame, families: Sequence[str], baseline: str) -> Figure | None:
-    """One panel per metric (`label`), one row per family x group: diff_mean (> 0 = better) with its
-    t-interval, the hierarchical interval (hb_low..hb_high) as a thinner whisker below it when
-    present, filled markers for decisive verdicts, 0 dashed and +-delta_min shaded."""
+    """One panel per metric (`label`), one row per family x group: the improvement diff_mean (> 0 =
+    better, for every metric) with its t-interval, the hierarchical interval (hb_low..hb_high) as a
+    thinner whisker below it when present, filled markers for decisive verdicts, "early stop" beside
+    the comparisons decided before the last look (winners_curse), 0 dashed and +-delta_min shaded."""
     if comparisons.empty:
         return None
     colours = _colours(families)
@@ -109,7 +112,10 @@ def forest(comparisons: pd.DataFrame, families: Sequence[str], baseline: str) ->
             decisive = row.verdict in ("better", "worse")
             ax.plot(row.diff_mean, at, "o", markersize=8, markeredgewidth=1.6, color=colour,
                     markerfacecolor=colour if decisive else "white", zorder=3)
-        ax.set_xlabel(f"{label}: difference against {baseline}\n(> 0 = better than {baseline})")
+            if getattr(row, "winners_curse", False):
+                ax.annotate("early stop", (row.ci_high, at), xytext=(4, 4), textcoords="offset points", fontsize=7,
+                            color="0.3")
+        ax.set_xlabel(f"{label}: improvement over {baseline}\n(> 0 = better, for every metric)")
         ax.text(0, 1.01, "\u2190 worse", transform=ax.transAxes, ha="left", va="bottom", color="0.4")
         ax.text(1, 1.01, "better \u2192", transform=ax.transAxes, ha="right", va="bottom", color="0.4")
         ax.grid(axis="y", visible=False)
@@ -120,7 +126,7 @@ def forest(comparisons: pd.DataFrame, families: Sequence[str], baseline: str) ->
         Line2D([], [], marker="o", color="0.3", linestyle="", markersize=7, label="decisive (better / worse)"),
         Line2D([], [], marker="o", color="0.3", markerfacecolor="white", linestyle="", markersize=7,
                label="not decisive"),
-        Line2D([], [], color="0.3", linewidth=2.6, label=f"{level:.0%} t-interval over seeds")]
+        Line2D([], [], color="0.3", linewidth=2.6, label=f"{level_text(level)} t-interval over seeds")]
     if hierarchical:
         legend.append(Line2D([], [], color="0.3", linewidth=1, label="hierarchical bootstrap interval"))
     legend.append(Patch(color="0.88", label="\u00b1delta_min (equivalence margin)"))
@@ -194,7 +200,7 @@ def seed_dots(values: pd.DataFrame, cells: pd.DataFrame, references: pd.DataFram
         [Line2D([], [], marker="o", color="0.4", linestyle="", markersize=5, label="one seed"),
          Line2D([], [], color="0.55", linewidth=0.8, label="same seed across families")])
     legend.append(Line2D([], [], marker="_", color="0.1", markersize=10, markeredgewidth=2,
-                         label=f"mean, {level:.0%} t-interval"))
+                         label=f"mean, {level_text(level)} t-interval"))
     figure.legend(handles=legend, loc="outside lower center", ncols=3)
     return figure
 
@@ -356,6 +362,6 @@ def score_vs_flops(points: pd.DataFrame, families: Sequence[str]) -> Figure | No
                for f in _present(families, points)]
     if len(groups) > 1:
         handles += [Line2D([], [], marker=m, color="0.4", linestyle="", label=g) for g, m in markers.items()]
-    handles.append(Line2D([], [], color="0.4", linewidth=1.6, label=f"{level:.0%} t-interval over seeds"))
+    handles.append(Line2D([], [], color="0.4", linewidth=1.6, label=f"{level_text(level)} t-interval over seeds"))
     figure.legend(handles=handles, loc="outside right upper")
     return figure

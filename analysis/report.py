@@ -1,6 +1,7 @@
 """A sweep's report files, under <store>/sweeps/<sweep>/:
 
-    results.parquet  the tidy tables (analysis/compute.py: runs, cells, comparisons); results.csv too
+    results/         the tidy tables, one file each: runs, cells, comparisons (.parquet and .csv;
+                     analysis/compute.py `results_tables`, schemas in docs/store.md)
     report.md        the numbers in words (analysis/markdown.py, with answer.py and certainty.py)
     report.html      report.md converted, figures embedded: one self-contained file (analysis/html.py)
     plots/           each figure (analysis/figures.py) as <name>.png and <name>.svg
@@ -9,6 +10,7 @@ Every file is written atomically (common/atomic.py). The same store gives the sa
 byte: nothing in them comes from the clock, only from the store."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import IO
 
@@ -16,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
-from analysis.compute import Analysis, AnalysisOptions, analyse, results_table
+from analysis.compute import Analysis, AnalysisOptions, analyse, results_tables
 from analysis.figures import Plot, draw
 from analysis.html import render_html
 from analysis.markdown import render_markdown
@@ -46,20 +48,21 @@ def write_report(store_root: str | Path, sweep: str, options: AnalysisOptions | 
 
 def _write_csv(table: pd.DataFrame, file: IO[bytes]) -> None:
     """`table` as CSV by Arrow's writer: the values pandas' writer gives, six times faster (a sweep of
-    100,000 runs has half a million rows of 80 columns); strings quoted where they need it."""
+    100,000 runs has half a million rows); strings quoted where they need it."""
     pa_csv.write_csv(pa.Table.from_pandas(table, preserve_index=False), file,
                      pa_csv.WriteOptions(quoting_style="needed"))
 
 
 def save_report(analysis: Analysis, store_root: str | Path) -> Path:
     """Write an analysis computed earlier (the CLI also prints it); returns report.md's path."""
-    directory = Path(Layout(store_root).sweep(analysis.sweep).dir)
-    results = results_table(analysis)
-    write_atomic(directory / "results.parquet", results.to_parquet(index=False))
-    write_atomic(directory / "results.csv", lambda file: _write_csv(results, file))  # for spreadsheets
+    paths = Layout(store_root).sweep(analysis.sweep)
+    os.makedirs(paths.results, exist_ok=True)
+    for name, table in results_tables(analysis).items():
+        write_atomic(paths.results_table(name, "parquet"), table.to_parquet(index=False))
+        write_atomic(paths.results_table(name, "csv"), lambda file: _write_csv(table, file))  # noqa: B023 (called at once)
     figures = draw(analysis)
-    images = _save_plots(figures, directory / "plots")
+    images = _save_plots(figures, Path(paths.plots))
     markdown = render_markdown(analysis, figures)
-    write_atomic(directory / "report.md", markdown.encode())
-    write_atomic(directory / "report.html", render_html(markdown, images).encode())
-    return directory / "report.md"
+    write_atomic(paths.report, markdown.encode())
+    write_atomic(paths.report_html, render_html(markdown, images).encode())
+    return Path(paths.report)

@@ -165,6 +165,40 @@ def settled_verdicts(records: Mapping | SeedPlan | Iterable[Mapping | SeedPlan]
     return settled
 
 
+def plan_comparisons(record: Mapping) -> dict[str, dict]:
+    """The comparisons of a plan's record (`SeedPlan.to_record`) by name: family/size, then each cell
+    key=value ("lidas/tiny/train.lr=0.003"), so comparisons that differ only in a swept key such as
+    train.lr are told apart in a look's verdicts."""
+    return {"/".join([str(c["family"]), str(c["size"]), *(f"{k}={v}" for k, v in (c.get("cell") or {}).items())]): c
+            for c in record.get("comparisons", [])}
+
+
+# The rule's numbers that the report shows for a comparison it decided, from the deciding look's record.
+DECIDING_COLUMNS = ("n_pairs", "diff_mean", "ci_low", "ci_high", "p_value")
+
+
+def rule_decisions(looks: Sequence[Mapping]) -> dict[ComparisonKey, dict]:
+    """comparison key -> what the adaptive rule concluded, from a sweep's recorded looks (sweep.yaml
+    `looks`, each with its `plan`, `SeedPlan.to_record`): verdict, look (the look that settled it, or
+    the last look for a comparison still open there), n_looks, level (that look's 1 - alpha/K), m (the
+    comparisons in that look's Holm family), p_adj (the rule's Holm p at that look) and
+    DECIDING_COLUMNS as the rule saw them at that look. A restart records a look again: the last
+    record of each look counts. Empty when the sweep was not adaptive."""
+    by_look = {int(look["look"]): look for look in looks if look.get("plan")}
+    decisions: dict[ComparisonKey, dict] = {}
+    for number in sorted(by_look):
+        plan = by_look[number]["plan"]
+        for c in plan["comparisons"]:
+            key = comparison_key(c["family"], c["size"], c.get("cell") or {}, c["metric"])
+            if key in decisions and decisions[key]["look"] == decisions[key].get("settled_at_look"):
+                continue  # settled at an earlier look: that look's numbers stand
+            decisions[key] = {"verdict": c["verdict"], "look": number, "settled_at_look": c.get("settled_at_look"),
+                              "n_looks": int(plan["n_looks"]), "level": float(plan["level"]),
+                              "m": len(plan["comparisons"]), "p_adj": c.get("p_holm"),
+                              **{column: c.get(column) for column in DECIDING_COLUMNS}}
+    return decisions
+
+
 def _check_looks(looks: Sequence[int]) -> tuple[int, ...]:
     looks = tuple(int(n) for n in looks)
     if not looks or looks[0] < 2 or any(a >= b for a, b in zip(looks, looks[1:])):

@@ -31,11 +31,11 @@ CELL_COLUMNS = ["family", "size", "metric", "higher_is_better", "n_seeds", "seed
 HB_COLUMNS = ["hb_low", "hb_high", "hb_p", "hb_se_seeds", "hb_se_items"]  # of `hierarchical`, in compare
 COMPARISON_COLUMNS = [
     "family", "baseline", "size", "metric", "higher_is_better", "pairing", "n_pairs", "n_candidate", "n_baseline",
-    "seeds_dropped", "single_seed", "diff_mean", "diff_std", "ci_level", "ci_low", "ci_high",
+    "seeds_dropped", "single_seed", "diff_mean", "raw_diff", "diff_std", "ci_level", "ci_low", "ci_high",
     "tost_low", "tost_high", "p_value", "correction", "p_adj", "p_holm", "welch_p", "welch_df",
     "welch_low", "welch_high", "signflip_p", "p_min_attainable", "prob_improvement", "mannwhitney_p",
     "seed_wins", "wins_low", "wins_high", "dz", *HB_COLUMNS, "sigma", "sigma_df", "sigma_pooled", "delta_min",
-    "seeds_needed", "seeds_needed_conservative", "seeds_needed_observed", "seeds_more",
+    "plan_alpha", "seeds_needed", "seeds_needed_conservative", "seeds_needed_observed", "seeds_more",
     "seeds_unresolvable", "hb_p_sided", "diff_skewed", "significant", "inside_margin", "verdict"]
 REFERENCE_PREFIX = "ngram"
 # The confirmatory metrics as callers may name them: see `confirmatory_metrics`.
@@ -351,6 +351,8 @@ def seeds_needed(sigma: float, delta: float, alpha: float = 0.05, power: float =
     """
     if not sigma >= 0:
         raise ValueError(f"sigma must be a non-negative number, got {sigma}")
+    if not np.isfinite(delta):
+        raise ValueError(f"delta must be a finite number, got {delta}: the seeds needed are unknown")
     if delta == 0:
         return max_seeds + 1
     if sigma == 0:
@@ -589,6 +591,7 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
     if not rows:
         return pd.DataFrame(columns=columns)
     table = _sigma(pd.DataFrame(rows), keys)
+    table["raw_diff"] = np.where(table["higher_is_better"].astype(bool), 1.0, -1.0) * table["diff_mean"]
     if isinstance(delta_min, Mapping):
         table["delta_min"] = table["metric"].map(delta_min).astype(float)
     else:
@@ -598,10 +601,14 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
     for method, group in table.groupby("correction"):
         table.loc[group.index, "p_adj"] = adjust_pvalues(group["p_value"], method, alpha)
     table["p_holm"] = table["p_adj"].where(table["correction"] == "holm")
+    # Confirmatory comparisons are planned at the level Holm applies at its first step, alpha / m over
+    # the m testable ones, so the seeds give the power after the correction; exploratory ones at alpha.
+    m = table.loc[table["correction"] == "holm", "p_value"].notna().sum()
+    table["plan_alpha"] = np.where(table["correction"] == "holm", alpha / max(1, m), alpha)
     plans = {
-        "seeds_needed": lambda r: _plan(r, r["delta_min"], alpha),
-        "seeds_needed_conservative": lambda r: _plan(r, r["delta_min"], alpha, conservative=True),
-        "seeds_needed_observed": lambda r: _plan(r, abs(r["diff_mean"]), alpha),
+        "seeds_needed": lambda r: _plan(r, r["delta_min"], r["plan_alpha"]),
+        "seeds_needed_conservative": lambda r: _plan(r, r["delta_min"], r["plan_alpha"], conservative=True),
+        "seeds_needed_observed": lambda r: _plan(r, abs(r["diff_mean"]), r["plan_alpha"]),
     }
     for column, plan in plans.items():
         table[column] = table.apply(plan, axis=1).astype("Int64")

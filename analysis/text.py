@@ -57,7 +57,7 @@ LISTED_RUNS = 200  # rows of one run each, at most, in a table of the report: a 
 
 def unlisted(rows: int) -> list[str]:
     """The line under a table of one run a row, cut at LISTED_RUNS rows."""
-    return ([f"The first {LISTED_RUNS} of {rows} rows; results.parquet (table `runs`) has every run."]
+    return ([f"The first {LISTED_RUNS} of {rows} rows; results/runs.parquet has every run."]
             if rows > LISTED_RUNS else [])
 
 def key_texts(row: pd.Series, keys: tuple[str, ...]) -> list[str]:
@@ -108,7 +108,7 @@ def verdict_text(row: pd.Series, alpha: float) -> str:
     if row["verdict"] in EQUIVALENT_VERDICTS:
         real = ("; the difference is significant but smaller than the margin" if row["verdict"] == NEGLIGIBLE
                 else "")
-        return f"{row['verdict']}: the {1 - 2 * alpha:.0%} CI lies inside +-{row['delta_min']:g}{real}"
+        return f"{row['verdict']}: the {level_text(1 - 2 * alpha)} CI lies inside +-{row['delta_min']:g}{real}"
     untestable = ", fewer than 2 seeds to test" if row["single_seed"] else ""
     plan = plan_text(row)
     return f"{row['verdict']}{untestable}" + (f": {plan}" if plan else "")
@@ -116,17 +116,43 @@ def verdict_text(row: pd.Series, alpha: float) -> str:
 def sign(row: pd.Series) -> int:
     return 1 if row["higher_is_better"] else -1
 
+def level_text(level: float) -> str:
+    """A level exactly, as a percentage with up to two decimals: 95%, 97.5%, 99.17%."""
+    return f"{100 * level:.2f}".rstrip("0").rstrip(".") + "%"
+
 def raw_interval(row: pd.Series, low: str = "ci_low", high: str = "ci_high") -> tuple[float, float]:
-    """An interval of delta (> 0 = better) turned back into the metric's own units, candidate minus
-    baseline, as readers compare it with the tables."""
+    """An interval of the improvement turned back into the metric's own units, candidate minus
+    baseline."""
     return tuple(sorted([sign(row) * row[low], sign(row) * row[high]]))
 
 def interval_text(bounds: tuple[float, float]) -> str:
     return f"[{signed(bounds[0])}, {signed(bounds[1])}]"
 
-def difference(row: pd.Series) -> str:
-    """Candidate minus baseline with its CI, as in "-0.007207 [-0.0339, +0.01949]"."""
-    return f"{signed(sign(row) * row['diff_mean'])} {interval_text(raw_interval(row))}"
+IMPROVEMENT = "improvement (> 0 = better) [CI]"  # the header of every column of improvement_text
+RAW = "raw difference (candidate - baseline)"  # the header of every column of raw_text
+EARLY = "early stop"
+EARLY_MEANING = ("Early stop: decided before the last look, so the estimate is biased away from 0 (winner's curse);"
+                 " more seeds would likely show a smaller gap.")
+
+def improvement_text(row: pd.Series) -> str:
+    """The improvement over the baseline (> 0 = better for every metric) with its CI, as in
+    "+0.007207 [-0.01949, +0.0339]", flagged where an early stop biases it (`EARLY_MEANING`)."""
+    curse = f" ({EARLY})" if flag(row, "winners_curse") else ""
+    return f"{signed(row['diff_mean'])} {interval_text((row['ci_low'], row['ci_high']))}{curse}"
+
+def raw_text(row: pd.Series) -> str:
+    """Candidate minus baseline in the metric's own units, as measured."""
+    return signed(sign(row) * row["diff_mean"])
+
+def decided_by(row: pd.Series) -> str:
+    """What decided a comparison: "look 1 of 3, 98.33%, Holm over m = 4 (adaptive rule, each look)",
+    or without looks "95%, Holm over m = 4 (confirmatory)"."""
+    look = f"look {row['look']} of {row['n_looks']}, " if pd.notna(row.get("look")) else ""
+    return f"{look}{level_text(row['level'])}, {row['correction_family']}"
+
+def decision_text(row: pd.Series) -> str:
+    """The verdict with what decided it (`decided_by`)."""
+    return f"{row['verdict']} ({decided_by(row)})"
 
 def has(table: pd.DataFrame, column: str) -> bool:
     """Whether `table` has `column` with a value: columns another analysis step may not add yet."""

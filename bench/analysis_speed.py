@@ -25,7 +25,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis import multibootstrap  # noqa: E402
+from analysis.bootstrap import multibootstrap  # noqa: E402
 from bench.report import Report, markdown_argument  # noqa: E402
 
 TARGET_S = 5.0

@@ -1,6 +1,6 @@
 """adaptive: adaptive seeding (statistics.md (f)): seeds added in a pre-declared schedule of
 looks until the comparison is decided. Off while `adaptive.metric` is null; the Sweep runs the
-looks (orchestrator/sweep.py), analysis.next_seeds decides at each. That the metric is one the
+looks (orchestrator/sweep.py), analysis.sequential.next_seeds decides at each. That the metric is one the
 jobs record is checked where the jobs are known (orchestrator/config.py)."""
 from __future__ import annotations
 

@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 
 import analysis
+from analysis.console import render_summary
+from analysis.sequential import next_seeds, plan_comparisons, settled_verdicts
 from common.settings import ConfigError, from_dict, known_part, to_dict
 from config.tracker import TrackerConfig
 from jobs.backends import backend_of
@@ -162,10 +164,10 @@ class Sweep:
         with self.executor.session():
             while True:
                 failed |= FAILED in self._execute(runs).statuses.values()
-                decision = analysis.next_seeds(
+                decision = next_seeds(
                     analysis.load(self.store.root, self.name), looks=a.schedule, alpha=a.alpha,
                     delta_min=a.delta_min, baseline=a.baseline, primary_metrics=(a.metric,),
-                    settled=analysis.settled_verdicts(plans))
+                    settled=settled_verdicts(plans))
                 plans.append(decision.to_record())
                 self._record_look(decision, plans[-1])
                 if decision.decision != "continue" or decision.n_more <= 0:
@@ -179,14 +181,14 @@ class Sweep:
 
     def _record_look(self, decision: Any, record: dict) -> None:
         a = self.adaptive
-        verdicts = {f"{r['family']}/{r['size']}": r["verdict"] for _, r in decision.comparisons.iterrows()}
+        comparisons = plan_comparisons(record)  # keyed by the full cell: family, size and every swept key
+        verdicts = {name: c["verdict"] for name, c in comparisons.items()}
         self.store.record_look(self.name, {
             "look": decision.look, "n_looks": decision.n_looks, "n_seeds": decision.n_seeds,
             "level": decision.level, "decision": decision.decision, "n_more": decision.n_more,
             "runs_saved": decision.runs_saved, "verdicts": verdicts, "plan": record,
             "rule": {k: getattr(a, k) for k in ("metric", "alpha", "delta_min", "baseline", "looks", "max_seeds")}})
-        settled = {f"{c['family']}/{c['size']}": c["settled_at_look"] for c in record["comparisons"]
-                   if c["settled_at_look"] is not None}
+        settled = {name: c["settled_at_look"] for name, c in comparisons.items() if c["settled_at_look"] is not None}
         self.console.print(f"look {decision.look}/{decision.n_looks} at {decision.n_seeds} seeds "
                            f"(level {decision.level:.4f}): {decision.decision}"
                            + (f", adding {decision.n_more} seeds to {len(decision.open_arms)} arms"
@@ -236,7 +238,7 @@ def report(store: Store, name: str, console: Console, tracker: Optional[TrackerC
     result = analysis.analyse(store.root, name,
                               read=None if upgraded else lambda rid, file: inspected[rid][1][file])
     path = analysis.save_report(result, store.root)
-    console.print(analysis.render_summary(result))
+    console.print(render_summary(result))
     console.print(f"report: {path}")
     tracker = tracker or latest_tracker(store, name)
     if logged := tracking.log_sweep(store, name, result, tracker):  # never raises

@@ -308,7 +308,7 @@ def log_sweep(store: Store, sweep: str, analysis: Any, t: TrackerConfig) -> Opti
         return None
     import wandb
 
-    plots = sorted((store.sweep_dir(sweep) / "plots").glob("*.png"))
+    plots = sorted(Path(store.layout.sweep(sweep).plots).glob("*.png"))
     tracker.log(lambda: {**{name: _table(df) for name, df in tables.items()},
                          **{f"plots/{p.stem}": wandb.Image(str(p)) for p in plots}})
     logged = tracker.active

@@ -13,13 +13,14 @@ W&B trouble is one warning, never a failure (orchestrator/tracking.py's rule).""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pydantic
 import yaml
 from rich.console import Console
 
-import analysis
+from analysis.load import load_specs
 from common.atomic import write_text
 from config.tracker import TrackerConfig
 from orchestrator import tracking
@@ -53,7 +54,7 @@ def build(store: Store, sweep: str, tracker: TrackerConfig, entity: str = "") ->
         wr.LinePlot(title="depth (layers applied)", x="Step", y=["train/n_layers"], **band),
         wr.LinePlot(title="learning rate", x="Step", y=["train/lr"], **band),
         wr.LinePlot(title="throughput (tokens/s)", x="Step", y=["train/tokens_per_s"], **band)]
-    metrics, curves = analysis.load_specs(store.root, sweep)
+    metrics, curves = load_specs(store.root, sweep)
     headline = sorted(name for name, spec in metrics.items() if spec.confirmatory_for)
     costs = sorted(name for name, spec in metrics.items() if spec.cost)
     evaluation: list = []
@@ -68,7 +69,7 @@ def build(store: Store, sweep: str, tracker: TrackerConfig, entity: str = "") ->
             evaluation.append(wr.CustomChart.from_table(f"curves/{name}", chart_fields={"x": spec.x, "y": spec.y},
                                                             chart_strings={"title": spec.title}))
             evaluation.append(wr.WeavePanelSummaryTable(table_name=f"curves/{name}"))
-    plots = sorted(p.stem for p in (store.sweep_dir(sweep) / "plots").glob("*.png"))
+    plots = sorted(p.stem for p in Path(store.layout.sweep(sweep).plots).glob("*.png"))
     summary: list[Any] = [
         wr.WeavePanelSummaryTable(table_name="comparisons"), wr.WeavePanelSummaryTable(table_name="cells"),
         *([wr.MediaBrowser(title="the report's plots", media_keys=[f"plots/{p}" for p in plots])] if plots else [])]

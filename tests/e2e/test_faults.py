@@ -13,7 +13,6 @@ import yaml
 from helpers import (claims_free, history, metrics, running_train, start_sweep, state, sweep,
                      wait_for)
 
-import analysis
 from jobs.checkpoint import checkpoint_paths, latest_checkpoint
 from orchestrator.cli import main
 from store import integrity
@@ -63,7 +62,7 @@ def test_overlapping_sweeps_started_together_train_each_shared_run_once(referenc
         steps = reference["history"][rid]["step"].tolist()
         assert steps == list(range(5, 201, 5))  # one training history, no step twice
     for name, ids in (("a", a), ("b", b)):
-        runs = analysis.read_results(root / "sweeps" / name / "results.parquet", "runs")
+        runs = pd.read_parquet(root / "sweeps" / name / "results" / "runs.parquet")
         assert sorted(runs["run_id"].unique()) == sorted(ids.values())
         assert set(runs["status"]) == {"done"}
         assert (root / "sweeps" / name / "report.md").exists()
@@ -152,7 +151,7 @@ def test_driver_killed_then_rerun_finishes_every_run_and_repairs_damaged_files(
     lines = [s.strip() for s in status_lines(root, capsys)]
     assert not [s for s in lines if s.startswith(("problem ", "stale "))]
     assert {s.split()[1] for s in lines if s.startswith("recovered ")} == {lidas, dense, looped}
-    runs = analysis.read_results(root / "sweeps" / "k" / "results.parquet", "runs")
+    runs = pd.read_parquet(root / "sweeps" / "k" / "results" / "runs.parquet")
     assert sorted(runs["run_id"].unique()) == sorted(ids.values()) and set(runs["status"]) == {"done"}
 
 
@@ -207,5 +206,5 @@ def test_a_run_that_cannot_train_fails_once_and_the_sweep_goes_on(tmp_path):
     report = (root / "sweeps" / "nan" / "report.md").read_text()
     failed_rows = [line for line in report.splitlines() if by_lr[1e30] in line]
     assert failed_rows and "failed" in failed_rows[0] and "FloatingPointError" in failed_rows[0]
-    runs = analysis.read_results(root / "sweeps" / "nan" / "results.parquet", "runs")
+    runs = pd.read_parquet(root / "sweeps" / "nan" / "results" / "runs.parquet")
     assert dict(zip(runs["run_id"], runs["status"])) == {by_lr[0.003]: "done", by_lr[1e30]: "failed"}

@@ -14,7 +14,9 @@ from matplotlib.colors import to_rgba
 from test_analysis_load import new_store, write_run, write_sweep
 from test_report import NGRAMS, TVD
 
-from analysis import analyse, load_curves, load_history, plots, render_markdown, write_report
+from analysis import analyse, plots, write_report
+from analysis.load import load_curves, load_history
+from analysis.markdown import render_markdown
 from analysis.figures import draw
 
 SWEEP = "demo"
@@ -118,7 +120,7 @@ def test_single_seed_cells_are_drawn_without_intervals(tmp_path):
     assert {p.stem for p in plot_dir(root).iterdir()} == ALL_PLOTS
     assert ("- **Single-seed cells** (no interval, no test, marked 'single seed' in the tables): lidas at tiny."
             in report)
-    assert "- No test possible, fewer than 2 seeds: lidas on RegBench TVD at tiny." in report
+    assert "- No test possible, fewer than 2 seeds: lidas on RegBench TVD at tiny (95%, Holm over m = " in report
 
 
 # ---- the marks, on the figures themselves -------------------------------------------------------
@@ -234,5 +236,5 @@ def test_a_cell_of_many_seeds_is_summarised_in_plots_and_tables(tmp_path):
     ax = figure.figure.axes[0]
     assert len(ax.lines) < 50 and not any(len(c.get_offsets()) > 10 for c in ax.collections)
     report = render_markdown(result)
-    assert "The first 200 of 250 rows; results.parquet (table `runs`) has every run." in report
+    assert "The first 200 of 250 rows; results/runs.parquet has every run." in report
     assert len(report.splitlines()) < 600

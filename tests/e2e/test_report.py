@@ -12,15 +12,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from rich.console import Console
 from scipy import stats
 from test_analysis_load import new_store, write_run, write_sweep
 
-from analysis import (AnalysisOptions, analyse, read_results, render_html, render_markdown, render_summary,
-                      write_report)
+from analysis import AnalysisOptions, analyse, write_report
+from analysis.console import render_summary
+from analysis.html import render_html
+from analysis.markdown import render_markdown
+from analysis.figures import draw
+from analysis.text import EARLY_MEANING, IMPROVEMENT, RAW
 from jobs.evals import EVALUATIONS
 from jobs.registry import TRAIN
 
+DECIDED = "verdict (look, level, correction family)"  # the verdict column of the claims and comparison tables
 NGRAMS = {"ngram1_tvd": 0.42, "ngram2_tvd": 0.20, "ngram3_tvd": 0.15}
 # regbench_tvd per family, size and seed; looped at tiny is worse than the unigram estimator.
 TVD = {("dense", "tiny"): [0.30, 0.28, 0.33], ("lidas", "tiny"): [0.25, 0.27, 0.26],
@@ -86,11 +92,13 @@ def test_comparison_sentences(store):
         for size in ("small", "tiny"):
             line = next(text for text in report.splitlines()
                         if text.startswith(f"- {family} vs dense, RegBench TVD, {size}:"))
-            raw = float(re.search(r": ([-+][\d.]+(?:e[-+]?\d+)?), ", line).group(1))
+            improvement = float(re.search(r": improvement ([-+][\d.]+(?:e[-+]?\d+)?), ", line).group(1))
+            raw = float(re.search(r"raw difference ([-+][\d.]+(?:e[-+]?\d+)?), ", line).group(1))
             expected = (metric_values(store, family, size, "regbench_tvd")
                         - metric_values(store, "dense", size, "regbench_tvd")).mean()
-            assert raw == pytest.approx(expected, rel=1e-3)
+            assert raw == pytest.approx(expected, rel=1e-3) and improvement == pytest.approx(-expected, rel=1e-3)
             assert ("better" if expected < 0 else "worse") in line.split(",")[3]
+            assert "lower is better" in line and "(95%, Holm over m = 4 (confirmatory))" in line
             assert "paired t, 3 seeds, Holm p = " in line and "sign-flip p = " in line
     lidas_tiny = next(line for line in report.splitlines() if line.startswith("- lidas vs dense, RegBench TVD, tiny:"))
     assert "3/3 seeds better; sign-flip p = 0.25 (the smallest possible)" in lidas_tiny
@@ -133,23 +141,27 @@ def test_report_is_byte_identical_on_a_second_call(store):
     assert not list(path.parent.glob(".*"))  # no temporary files left behind
 
 
-def test_results_parquet(store):
+def test_results_tables_one_file_each(store):
     write_report(store, "demo")
-    results = pd.read_parquet(store / "sweeps" / "demo" / "results.parquet")
-    assert set(results["table"]) == {"runs", "cells", "comparisons"} and set(results["sweep"]) == {"demo"}
-    runs = read_results(store / "sweeps" / "demo" / "results.parquet", "runs")
+    folder = store / "sweeps" / "demo" / "results"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"{t}.{ext}" for t in ("runs", "cells", "comparisons")
+                                                               for ext in ("parquet", "csv"))
+    runs = pd.read_parquet(folder / "runs.parquet")
+    assert set(runs["sweep"]) == {"demo"}
     assert len(runs) == 18 * 6 + 1 and runs.loc[runs["status"] == "failed", "run_id"].tolist() == ["looped-tiny-3"]
-    cells = read_results(store / "sweeps" / "demo" / "results.parquet", "cells")
+    cells = pd.read_parquet(folder / "cells.parquet")
     expected = analyse(store, "demo").cells
     merged = cells.merge(expected, on=["family", "size", "metric"], suffixes=("", "_expected"))
     assert len(merged) == len(expected) == 3 * 2 * 6
     np.testing.assert_allclose(merged["mean"], merged["mean_expected"])
     np.testing.assert_allclose(merged["boot_ci_low"], merged["boot_ci_low_expected"])
-    comparisons = read_results(store / "sweeps" / "demo" / "results.parquet", "comparisons")
+    comparisons = pd.read_parquet(folder / "comparisons.parquet")
     assert set(comparisons["verdict"]) <= {"better", "worse", "equivalent", "inconclusive"}
     assert comparisons["seeds_needed"].dtype == "Int64"
-    assert list(comparisons.columns[1:]) == list(analyse(store, "demo").comparisons.columns)
+    assert list(comparisons.columns) == ["sweep", *analyse(store, "demo").comparisons.columns]
     assert cells["iqm"].isna().all()  # an all-empty column of a table is kept
+    csv = pd.read_csv(folder / "comparisons.csv")
+    assert list(csv.columns) == list(comparisons.columns) and len(csv) == len(comparisons)
 
 
 def test_render_summary_prints(store):
@@ -169,7 +181,7 @@ def test_report_of_a_sweep_with_nothing_done(tmp_path):
     failed = table_rows(report, "## Failed and unfinished runs")
     assert failed["x"]["error"] == "boom" and failed["y"] == {"family": "–", "size": "–", "seed": "–",
                                                               "status": "pending", "error": ""}
-    assert set(read_results(root / "sweeps" / "broken" / "results.parquet", "runs")["run_id"]) == {"x", "y"}
+    assert set(pd.read_parquet(root / "sweeps" / "broken" / "results" / "runs.parquet")["run_id"]) == {"x", "y"}
 
 
 # ---- a sweep over a hyper-parameter ------------------------------------------------------------
@@ -219,7 +231,7 @@ def test_lr_sweep_compares_within_each_learning_rate(lr_store):
     for lr in LRS:
         start = f"- lidas vs dense, RegBench TVD, tiny, train.lr={lr}:"
         line = next(line for line in report.splitlines() if line.startswith(start))
-        raw = float(re.search(r": ([-+][\d.]+(?:e[-+]?\d+)?), ", line).group(1))
+        raw = float(re.search(r"raw difference ([-+][\d.]+(?:e[-+]?\d+)?), ", line).group(1))
         lidas, dense = ([run_values(lr_store, [f"{family}-{lr}-{seed}" for seed in range(3)], "regbench_tvd")
                          for family in ("lidas", "dense")])
         expected = (lidas - dense).mean()
@@ -235,7 +247,7 @@ def test_lr_sweep_compares_within_each_learning_rate(lr_store):
 def test_lr_sweep_report_is_deterministic_and_summarised(lr_store):
     first = write_report(lr_store, "lr").read_bytes()
     assert write_report(lr_store, "lr").read_bytes() == first
-    cells = read_results(lr_store / "sweeps" / "lr" / "results.parquet", "cells")
+    cells = pd.read_parquet(lr_store / "sweeps" / "lr" / "results" / "cells.parquet")
     assert list(cells.columns[:5]) == ["sweep", "family", "size", "train.lr", "metric"] and len(cells) == 2 * 2 * 4
     console = Console(width=200, record=True)
     console.print(render_summary(analyse(lr_store, "lr")))
@@ -273,8 +285,8 @@ def test_reference_rows_per_evaluation_data(tmp_path):
 
 # ---- headline, how sure are we, report.html ----------------------------------------------------
 
-HEADLINE = re.compile(r"- (?:No decision yet: )?(\w+) (?:beats|is worse than|vs) dense on RegBench TVD at (\w+)[:,]"
-                      r" (\S+ \[\S+, \S+\]), (\d+) seeds, Holm p = ([^;]+?)[.;](?: |$)")
+HEADLINE = re.compile(r"- (\w+) (?:beats|is worse than) dense on RegBench TVD at (\w+): improvement"
+                      r" (\S+ \[\S+, \S+\]) \(raw difference (\S+)\), (\d+) seeds, Holm p = ([^;]+?); (.+)\.$")
 
 
 @pytest.fixture
@@ -304,24 +316,27 @@ def test_headline_comes_first_and_matches_the_comparisons_table(store):
     assert [report.index(f"{heading}\n") for heading in order] == sorted(report.index(f"{h}\n") for h in order)
     decisive, undecided, caution = section(report, "Headline").splitlines()[1:]  # numbers of the rest: the claims
     assert HEADLINE.match(decisive).groups()[:2] == ("looped", "tiny") and " is worse than " in decisive
-    assert undecided.startswith("- No decision yet: lidas and looped on RegBench TVD at small; lidas on RegBench TVD"
-                                " at tiny (about ")
+    assert undecided.startswith("- No decision yet: lidas and looped on RegBench TVD at small (95%, Holm over m = 4"
+                                " (confirmatory)); lidas on RegBench TVD at tiny (95%, Holm over m = 4 (confirmatory))"
+                                " (about ")
     assert caution == ("- Caution: looped at tiny does not beat the in-context unigram estimator on RegBench TVD, so"
                        " comparisons on it are meaningless there.")
     claims = markdown_table(report, "## Claims of the paper")
     rows = markdown_table(report, "**RegBench TVD against dense** (confirmatory, Holm)")
     comparisons = analyse(store, "demo").comparisons.set_index(["family", "size", "metric"])
     claims = claims[:4]  # then the training FLOPs
-    assert len(rows) == 4 and all(row["verdict"].startswith("exact") for row in markdown_table(
+    assert len(rows) == 4 and all(row[DECIDED].startswith("exact") for row in markdown_table(
         report, "## Claims of the paper")[4:])
     assert claims[0]["claim"] == f"{EVALUATIONS['regbench'].metrics['regbench_tvd'].claim} (RegBench TVD)"
     for claim, row in zip(claims, rows):
         family, size = claim["comparison"].removesuffix(f", {row['size']}").split(" vs dense")[0], row["size"]
         assert claim["comparison"] == f"{row['family']} vs dense, {row['size']}"
-        assert claim["difference [CI], seeds"] == f"{row['difference [95% CI]']}, {row['seeds']}"
-        assert claim["verdict"] == f"{row['verdict']} (Holm p = {row['adjusted p'].removesuffix(' (Holm)')})"
+        assert claim[f"{IMPROVEMENT}, seeds"] == f"{row[IMPROVEMENT]}, {row['seeds']}"
+        assert claim[RAW] == row[RAW]
+        assert claim[DECIDED] == f"{row[DECIDED]}, p = {row['adjusted p'].removesuffix(' (Holm)')}"
         expected = comparisons.loc[(family, size, "regbench_tvd")]
-        assert float(row["difference [95% CI]"].split()[0]) == pytest.approx(-expected["diff_mean"], rel=1e-3)
+        assert float(row[IMPROVEMENT].split()[0]) == pytest.approx(expected["diff_mean"], rel=1e-3)
+        assert float(row[RAW]) == pytest.approx(-expected["diff_mean"], rel=1e-3)
         assert float(row["adjusted p"].split()[0]) == pytest.approx(expected["p_holm"], rel=1e-2)
         paper = EVALUATIONS["regbench"].metrics["regbench_tvd"].paper_value
         assert claim["paper, one seed"].startswith(f"{paper(family):g} vs {paper('dense'):g}, ")
@@ -331,11 +346,13 @@ def test_headline_states_decisive_claims(decisive_store):
     report = write_report(decisive_store, "demo").read_text()
     lines = section(report, "Headline").splitlines()
     comparisons = analyse(decisive_store, "demo").comparisons.set_index("family")
-    assert lines[1].startswith("- lidas beats dense on RegBench TVD at tiny: -0.05 [")
-    assert lines[2].startswith("- looped is worse than dense on RegBench TVD at tiny: +0.04 [")
+    assert lines[1].startswith("- lidas beats dense on RegBench TVD at tiny: improvement +0.05 [")
+    assert lines[2].startswith("- looped is worse than dense on RegBench TVD at tiny: improvement -0.04 [")
     for line, family in zip(lines[1:3], ("lidas", "looped")):
-        assert HEADLINE.match(line).group(4) == "5"
-        assert f"Holm p = {comparisons.loc[family, 'p_holm']:.3g}." in line
+        match = HEADLINE.match(line)
+        assert match.group(5) == "5" and match.group(7) == "95%, Holm over m = 2 (confirmatory)"
+        assert float(match.group(4)) == pytest.approx(-comparisons.loc[family, "diff_mean"], rel=1e-3)
+        assert f"Holm p = {comparisons.loc[family, 'p_holm']:.3g};" in line
     assert "- **Seeds needed:** none; every confirmatory comparison has a verdict." in report
 
 
@@ -394,8 +411,8 @@ def test_columns_of_the_hierarchical_bootstrap_are_used_when_present(store):
     row = next(r for r in rows if (r["family"], r["size"]) == ("lidas", "tiny"))
     lidas = comparisons[(comparisons["family"] == "lidas") & (comparisons["size"] == "tiny")
                         & (comparisons["metric"] == "regbench_tvd")].iloc[0]
-    low, high = (float(x) for x in row["hierarchical CI"].strip("[]").split(", "))
-    assert (low, high) == (pytest.approx(-lidas["hb_high"], rel=1e-3), pytest.approx(-lidas["hb_low"], rel=1e-3))
+    low, high = (float(x) for x in row["hierarchical CI of the improvement"].strip("[]").split(", "))
+    assert (low, high) == (pytest.approx(lidas["hb_low"], rel=1e-3), pytest.approx(lidas["hb_high"], rel=1e-3))
     assert "**Hierarchical interval.**" in report
     noise = markdown_table(report, "Evaluation noise against seed noise")
     assert noise[0] == {"family": "dense", "metric": "RegBench TVD", "where": "small", "items": "200",
@@ -500,15 +517,16 @@ def test_sections_declared_by_the_jobs(tmp_path):
     assert "<summary>training FLOPs (<code>train_flops</code>, descriptive, not compared)</summary>" in report
 
     claims = markdown_table(report, "## Claims of the paper")
-    cost = next(row for row in claims if row["verdict"].startswith("exact"))
+    cost = next(row for row in claims if row[DECIDED].startswith("exact"))
     assert cost["claim"] == f"{TRAIN.metrics['train_flops'].claim} (training FLOPs)"
-    assert (cost["comparison"], cost["difference [CI], seeds"], cost["paper, one seed"]) == (
+    assert (cost["comparison"], cost[f"{IMPROVEMENT}, seeds"], cost["paper, one seed"]) == (
         "lidas vs dense, tiny", "25.0% fewer", "26% fewer (3B)")
     tvd = next(row for row in claims if row["claim"].startswith(EVALUATIONS["regbench"].metrics["regbench_tvd"].claim))
-    assert tvd["paper, one seed"] == "0.119 vs 0.137, -0.018 (3B)" and tvd["verdict"].startswith("inconclusive (Holm p")
+    assert tvd["paper, one seed"] == "0.119 vs 0.137, -0.018 (3B)"
+    assert tvd[DECIDED].startswith("inconclusive (95%, Holm")
     ancestry_claim = next(row for row in claims if row["comparison"] == "lidas, tiny")
-    assert ancestry_claim["verdict"] == f"not shown (Fisher p = {fisher:.3g})"
-    assert ancestry_claim["difference [CI], seeds"] == "3 vs 1.5 by chance, 3 seeds"
+    assert ancestry_claim[DECIDED] == f"not shown (Fisher p = {fisher:.3g})"
+    assert ancestry_claim[f"{IMPROVEMENT}, seeds"] == "3 vs 1.5 by chance, 3 seeds"
     assert ancestry_claim["paper, one seed"] == "10 (3B: of the top 12 heads, from 2 ancestors)"
     assert [heading for heading in ("## RegBench: in-context language learning", "## Induction heads",
                                      "## Head ablation", "## Training") if f"{heading}\n" in report] == [
@@ -537,7 +555,7 @@ def test_labels_for_skewed_seeds_one_sided_p_and_approximate_bootstrap(tmp_path)
     hierarchical = analysis.comparisons.assign(hb_low=-0.1, hb_high=0.1, hb_p=0.2)
     table = markdown_table(render_markdown(replace(analysis, comparisons=hierarchical), figures=[]),
                            "**RegBench TVD against dense** (confirmatory, Holm)")
-    assert table[0]["hierarchical p (one-sided)"] == "0.2"
+    assert table[0]["hierarchical p (one-sided: improvement <= 0)"] == "0.2"
 
 
 def test_the_confirmatory_family_follows_the_papers_claims_per_data_kind():
@@ -553,26 +571,77 @@ def test_the_confirmatory_family_follows_the_papers_claims_per_data_kind():
     assert all(specs[m].claim for m in confirmatory(specs, {"regbench", "arith"}))  # each a claim of the paper
 
 
-def test_an_arm_the_rule_stopped_for_futility_is_not_awaiting_seeds_in_the_headline():
-    """The adaptive rule's futile verdict (sweep.yaml's last look) replaces the fixed-sample
-    "inconclusive" of the rule's metric only, so the headline does not promise more seeds."""
-    from types import SimpleNamespace
+def rule_look(look: int, comparisons: list[dict], decision: str, keys: tuple[str, ...] = ()) -> dict:
+    """A look of an adaptive sweep as the orchestrator records it in sweep.yaml (looks at 3 and 5
+    seeds), with `comparisons` as the plan's records of family, verdict and settled_at_look."""
+    records = [{"size": "tiny", "cell": {}, "metric": "regbench_tvd", "baseline": "dense", "n_pairs": 3,
+                "diff_mean": 0.01, "ci_low": -0.02, "ci_high": 0.04, "p_value": 0.3, "p_holm": 0.6, **c}
+               for c in comparisons]
+    plan = {"look": look, "n_looks": 2, "n_seeds": 3 if look == 1 else 5, "level": 0.975, "decision": decision,
+            "n_more": 0, "runs_saved": 0, "cell_keys": list(keys), "open_arms": [], "comparisons": records}
+    return {**{k: plan[k] for k in ("look", "n_looks", "n_seeds", "level", "decision", "n_more", "runs_saved")},
+            "verdicts": {f"{c['family']}/tiny": c["verdict"] for c in records}, "plan": plan,
+            "rule": {"metric": "regbench_tvd", "alpha": 0.05, "delta_min": 0.02, "baseline": "dense",
+                     "looks": [3, 5], "max_seeds": 5}}
 
-    from analysis.answer import _with_rule_verdicts
-    look = {"verdicts": {"lidas/tiny": "futile", "looped/tiny": "continue"}, "rule": {"metric": "regbench_tvd"}}
-    rows = pd.DataFrame({"family": ["lidas", "looped", "lidas"], "size": ["tiny"] * 3,
-                         "metric": ["regbench_tvd", "regbench_tvd", "induction_max"],
-                         "verdict": ["inconclusive"] * 3})
-    got = _with_rule_verdicts(SimpleNamespace(spec={"looks": [look]}), rows)
-    assert got["verdict"].tolist() == ["futile", "inconclusive", "inconclusive"]
-    assert _with_rule_verdicts(SimpleNamespace(spec={}), rows).equals(rows)
+
+def test_every_place_states_the_rules_verdict_with_its_look_level_and_family(decisive_store):
+    """One decision procedure: where the adaptive rule decided (lidas futile at look 1 of 2, looped
+    still open at look 1 and inconclusive at look 2), the headline, the claims table, the comparison
+    table, the console, the forest plot and the results files all show the rule's verdict with the
+    look, its level and the correction family, though all seeds at the end would give better / worse
+    (the fixed-sample verdict, shown as a secondary column). An early stop is flagged beside its effect."""
+    sweep_yaml = decisive_store / "sweeps" / "demo" / "sweep.yaml"
+    spec = yaml.safe_load(sweep_yaml.read_text())
+    spec["looks"] = [
+        rule_look(1, [{"family": "lidas", "verdict": "futile", "settled_at_look": 1, "p_holm": 0.4},
+                      {"family": "looped", "verdict": "continue", "settled_at_look": None}], "continue"),
+        rule_look(2, [{"family": "lidas", "verdict": "futile", "settled_at_look": 1, "p_holm": None},
+                      {"family": "looped", "verdict": "inconclusive", "settled_at_look": None, "n_pairs": 5,
+                       "p_holm": 0.07}], "inconclusive")]
+    sweep_yaml.write_text(yaml.safe_dump(spec))
+    analysis = analyse(decisive_store, "demo")
+    rows = analysis.comparisons.set_index("family")
+    assert rows["verdict"].tolist() == ["futile", "inconclusive"]
+    assert rows["fixed_verdict"].tolist() == ["better", "worse"]
+    assert rows["look"].tolist() == [1, 2] and rows["level"].tolist() == [0.975, 0.975]
+    assert rows["winners_curse"].tolist() == [True, False]
+    assert rows.loc["lidas", "p_adj"] == 0.4 and rows.loc["looped", "n_pairs"] == 5
+    family = "Holm over m = 2 (adaptive rule, each look)"
+    assert set(rows["correction_family"]) == {family}
+    report = write_report(decisive_store, "demo").read_text()
+    lidas, looped = f"(look 1 of 2, 97.5%, {family})", f"(look 2 of 2, 97.5%, {family})"
+    headline = section(report, "Headline")
+    assert f"- Stopped for futility (the seeds that could decide are more than adaptive.max_seeds): lidas on" \
+           f" RegBench TVD at tiny {lidas}." in headline
+    assert f"- No decision yet: looped on RegBench TVD at tiny {looped}" in headline
+    assert EARLY_MEANING in headline and "beats" not in headline and "worse than" not in headline
+    claims = markdown_table(report, "## Claims of the paper")[:2]
+    assert [c[DECIDED] for c in claims] == [f"futile {lidas}, p = 0.4", f"inconclusive {looped}, p = 0.07"]
+    assert claims[0][f"{IMPROVEMENT}, seeds"].startswith("+0.01 [-0.02, +0.04] (early stop), 3 seeds")
+    table = table_rows(report, "**RegBench TVD against dense** (confirmatory, Holm)")
+    assert table["lidas"][DECIDED] == f"futile {lidas}"
+    assert table["lidas"]["fixed-sample verdict (secondary)"] == "better"
+    assert table["looped"][DECIDED] == f"inconclusive {looped}"
+    assert "- alpha = 0.05 over the adaptive rule's K = 2 looks, so 0.025 per look (alpha / K), two-sided;" \
+           " 97.5% intervals" in report
+    console = Console(width=400, record=True)
+    console.print(render_summary(analysis))
+    printed = console.export_text()
+    assert f"futile {lidas}" in printed and f"inconclusive {looped}" in printed and "better (" not in printed
+    forest = next(plot for plot in draw(analysis) if plot.name == "forest")
+    assert "early stop" in [t.get_text() for ax in forest.figure.axes for t in ax.texts]
+    written = pd.read_csv(decisive_store / "sweeps" / "demo" / "results" / "comparisons.csv").set_index("family")
+    assert written["verdict"].tolist() == ["futile", "inconclusive"] and written["look"].tolist() == [1, 2]
+    assert written["level"].tolist() == [0.975, 0.975] and set(written["correction_family"]) == {family}
 
 
 @pytest.mark.parametrize("fixture,name", [("store", "demo"), ("lr_store", "lr"), ("decisive_store", "demo")])
 def test_report_is_the_one_written_before_the_store_index_and_the_summarised_tables(fixture, name, request):
-    """report.md of each test sweep, byte for byte, as the code before the store's index and its
-    faster readers (the configs file, the loader's single pass, the summarised run tables) wrote it
-    (tests/data/report_before_scale, written by commit 683327b)."""
+    """report.md of each test sweep, byte for byte, as pinned in tests/data/report_before_scale: the
+    store's index and its faster readers (the configs file, the loader's single pass, the summarised
+    run tables) must not change a byte. The files were written again when the report began stating
+    the decision procedure (look, level, correction family) and one sign (improvement > 0)."""
     report = write_report(request.getfixturevalue(fixture), name).read_text()
     assert report == (Path(__file__).parent.parent / "data" / "report_before_scale" / f"{fixture}.md").read_text()
 

@@ -11,7 +11,6 @@ import pytest
 import yaml
 from helpers import CLI, metrics, running_train, start_sweep, sweep, wait_for
 
-import analysis
 from jobs.evals import EVALUATIONS
 from store import index
 
@@ -44,7 +43,7 @@ def test_sweep_writes_every_run_and_a_report_that_matches_the_metrics(micro_stor
         assert list((run / "checkpoints").glob("step_*.pt"))
     assert seen == {(f, s) for f in ("dense", "lidas", "looped") for s in (0, 1)}
 
-    cells = analysis.read_results(root / "sweeps" / "e2e" / "results.parquet", "cells")
+    cells = pd.read_parquet(root / "sweeps" / "e2e" / "results" / "cells.parquet")
     tvd = cells[cells["metric"] == "regbench_tvd"].set_index("family")
     for family in ("dense", "lidas", "looped"):
         values = [metrics(root, rid)["regbench_tvd"] for rid in spec["run_ids"]
@@ -53,8 +52,9 @@ def test_sweep_writes_every_run_and_a_report_that_matches_the_metrics(micro_stor
         assert tvd.loc[family, "mean"] == pytest.approx(sum(values) / 2, abs=1e-12)
     report = (root / "sweeps" / "e2e" / "report.md").read_text()
     assert "in-context unigram" in report and "lidas" in report
-    csv = pd.read_csv(root / "sweeps" / "e2e" / "results.csv")
-    assert set(csv["table"]) == {"runs", "cells", "comparisons"}
+    for table in ("runs", "cells", "comparisons"):
+        csv = pd.read_csv(root / "sweeps" / "e2e" / "results" / f"{table}.csv")
+        assert set(csv["sweep"]) == {"e2e"} and not csv.empty
     html = (root / "sweeps" / "e2e" / "report.html").read_text()
     assert "data:image/png;base64," in html and "http" not in html.replace("data:image", "")
     assert f"{tvd.loc['dense', 'mean']:.4f}" in report
@@ -163,7 +163,7 @@ def test_adaptive_sweep_runs_declared_looks_and_records_each(tmp_path):
     assert seeds == set(range(looks[-1]["n_seeds"]))
     report = (root / "sweeps" / "adaptive" / "report.md").read_text()
     assert "## Looks (adaptive seeding)" in report and looks[-1]["decision"] in report
-    cells = analysis.read_results(root / "sweeps" / "adaptive" / "results.parquet", "cells")
+    cells = pd.read_parquet(root / "sweeps" / "adaptive" / "results" / "cells.parquet")
     assert cells["ci_level"].astype(float).round(6).eq(round(1 - 0.05 / 3, 6)).all()
 
 

@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import analyse, cell_keys, compare, load, load_items, load_runs, load_specs, summarize, write_report
+from analysis import analyse, compare, load, load_items, load_runs, summarize, write_report
+from analysis.load import load_specs
+from analysis.stats import cell_keys
 from analysis.load import load_data_kinds, load_paper_flops
 from common.metrics import MetricSpec
 from jobs.evals import EVALUATIONS

@@ -105,7 +105,8 @@ CASES = [
 # The sweep-wide rules (orchestrator/preflight.py) and the habits of other tools: refused alike by
 # `--dry-run` and by the real run, with the same line, before anything is written.
 PREFLIGHT = [
-    ([*MICRO, "eval.jobs=[]"], 2, "eval.jobs=[]: the runs would evaluate nothing, so the sweep's report would be empty"),
+    ([*MICRO, "eval.jobs=[]"], 2,
+     "eval.jobs=[]: the runs would evaluate nothing, so the sweep's report would be empty"),
     ([*MICRO, "hydra.job.chdir=true"], 2, "hydra.job.chdir=true: Hydra's runtime settings (hydra.*) do not apply"),
     ([*MICRO, "hydra.run.dir=/tmp/elsewhere"], 2, "hydra.run.dir=/tmp/elsewhere: Hydra's runtime settings"),
     ([*MICRO, "hydra/launcher=basic"], 2, "hydra/launcher=basic: Hydra's runtime settings"),

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import item_noise, multibootstrap
+from analysis.bootstrap import item_noise, multibootstrap
 
 EXAMPLE_C = {"lidas": [[1, 0, 1], [1, 1, 0]], "dense": [[0, 0, 1], [1, 0, 0]]}
 

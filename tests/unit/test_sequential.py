@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis import SeedPlan, holm, next_seeds
+from analysis.sequential import SeedPlan, next_seeds
+from analysis.stats import holm
 from analysis.sequential import settled_verdicts
 from test_stats import EXAMPLE_A, approx, frame, one
 

@@ -7,9 +7,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis import (SEEDS_MAX, adjust_pvalues, bootstrap_ci, cell_keys, compare, holm, multibootstrap,
-                      p_min_mannwhitney, p_min_signflip, seeds_needed, sigma_upper, summarize)
-from analysis.bootstrap import stable_rng
+from analysis import compare, summarize
+from analysis.bootstrap import multibootstrap, stable_rng
+from analysis.stats import (SEEDS_MAX, adjust_pvalues, bootstrap_ci, cell_keys, holm, p_min_mannwhitney,
+                            p_min_signflip, seeds_needed, sigma_upper)
 
 TOL = 1e-4
 EXAMPLE_A = {"lidas": [0.18, 0.20, 0.19], "dense": [0.12, 0.11, 0.13]}
