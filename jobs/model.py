@@ -22,7 +22,9 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, 
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate channel pairs (i, i + head_dim/2) of x [B, heads, T, head_dim] by position."""
+    """Rotate channel pairs (i, i + head_dim/2) of x [B, heads, T, head_dim] by position: cos and
+    sin [T, head_dim // 2] broadcast against x's halves (unsqueezed to [T, 1, head_dim // 2] they
+    fit the projection's own layout [B, T, heads, head_dim])."""
     first, second = x.chunk(2, dim=-1)
     rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
     return rotated.type_as(x)
@@ -46,7 +48,11 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    """Causal self-attention; n_kv_heads < n_heads shares each key/value head across a group."""
+    """Causal self-attention; n_kv_heads < n_heads shares each key/value head across a group.
+
+    The three projections stay separate parameters (the layout of checkpoints, growth and the
+    nanotron bridge) but run as one matmul over their concatenated weights: on CPU at these
+    widths a step is bound by the number of ops as much as by FLOPs (docs/performance/trainer_speed.md)."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int):
         super().__init__()
@@ -62,10 +68,12 @@ class Attention(nn.Module):
                 cache: tuple[KVCache, int] | None = None) -> Tensor:
         """`cache` = (the cache, this layer's step in the plan): x holds only the new positions."""
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        n_rotated = self.n_heads + self.n_kv_heads  # query and key heads, rotated in one pass
+        qkv = F.linear(x, torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
+        qkv = qkv.view(batch, seq, n_rotated + self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(qkv[:, :, :n_rotated], cos[:, None], sin[:, None]).transpose(1, 2).split(
+            (self.n_heads, self.n_kv_heads), dim=1)
+        v = qkv[:, :, n_rotated:].transpose(1, 2)
         if cache is not None:
             k, v = cache[0].extend(cache[1], k, v)
         heads = self.attend(q, k, v)
@@ -85,6 +93,10 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
+    """silu(gate(x)) * up(x), projected down. Gate and up stay two matmuls: fused into one (as
+    Attention does q/k/v), the twice wider output falls out of the cache and a CPU step at the
+    tiny and small sizes measured 5% slower, not faster."""
+
     def __init__(self, d_model: int, d_ff: int):
         super().__init__()
         self.gate_proj = nn.Linear(d_model, d_ff, bias=False)

@@ -137,7 +137,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs:
     if scale != 1.0:
         loss = loss * scale
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)  # one op, not two per tensor
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
