@@ -74,28 +74,6 @@ class RunPaths:
     def lock(self) -> str:
         return self.dir + "/.lock"
 
-    # The report's files (analysis/report.py writes them; schemas in docs/store.md).
-    @property
-    def results(self) -> str:
-        """The folder of the tidy tables, one file per table and format."""
-        return self.dir + "/results"
-
-    def results_table(self, table: str, fmt: str) -> str:
-        return f"{self.dir}/results/{table}.{fmt}"
-
-    @property
-    def report(self) -> str:
-        return self.dir + "/report.md"
-
-    @property
-    def report_html(self) -> str:
-        return self.dir + "/report.html"
-
-    @property
-    def plots(self) -> str:
-        """Each figure as <name>.png and <name>.svg; report.md links them as plots/<name>.png."""
-        return self.dir + "/plots"
-
     def json(self, name: str) -> str:
         """One of `RUN_JSON` by name."""
         return self.dir + "/" + name
@@ -123,6 +101,28 @@ class SweepPaths:
     @property
     def lock(self) -> str:
         return self.dir + "/.lock"
+
+    # The report's files (analysis/report.py writes them; schemas in docs/store.md).
+    @property
+    def results(self) -> str:
+        """The folder of the tidy tables, one file per table and format."""
+        return self.dir + "/results"
+
+    def results_table(self, table: str, fmt: str) -> str:
+        return f"{self.dir}/results/{table}.{fmt}"
+
+    @property
+    def report(self) -> str:
+        return self.dir + "/report.md"
+
+    @property
+    def report_html(self) -> str:
+        return self.dir + "/report.html"
+
+    @property
+    def plots(self) -> str:
+        """Each figure as <name>.png and <name>.svg; report.md links them as plots/<name>.png."""
+        return self.dir + "/plots"
 
 
 class Layout:

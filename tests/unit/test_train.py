@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 import torch.nn.functional as F
 
 from jobs.backends import load_model
