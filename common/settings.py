@@ -26,11 +26,12 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, TypeVar, cast
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 CONSTRAINTS = "constraints"  # the field metadata key
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -138,8 +139,8 @@ def defaults(cls: type) -> dict[str, Any]:
     nested sections as dicts."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            value = f.default_factory()  # type: ignore[misc]
+        if f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
             out[f.name] = defaults(type(value)) if dataclasses.is_dataclass(value) else value
         elif f.default is not dataclasses.MISSING and f.default is not MISSING:
             out[f.name] = f.default
@@ -156,7 +157,9 @@ def typed_node(root: type, raw: Any) -> DictConfig:
     for key, cls in (root.section_types(raw) if hasattr(root, "section_types") else {}).items():
         node[key] = OmegaConf.structured(cls)
     _writable(node)
-    return OmegaConf.merge(node, raw)
+    merged = OmegaConf.merge(node, raw)
+    assert isinstance(merged, DictConfig), "merged into a structured dataclass node: a DictConfig"
+    return merged
 
 
 def _writable(node: Any) -> None:
@@ -164,13 +167,18 @@ def _writable(node: Any) -> None:
     fills and overrides them; `OmegaConf.to_object` makes the frozen objects."""
     node._set_flag("readonly", None)
     if isinstance(node, (DictConfig, ListConfig)) and not node._is_none() and not node._is_missing():
-        for key in (node.keys() if isinstance(node, DictConfig) else range(len(node))):
-            _writable(node._get_node(key))
+        if isinstance(node, DictConfig):
+            for key in node.keys():
+                _writable(node._get_node(key))
+        else:
+            for index in range(len(node)):
+                _writable(node._get_node(index))
 
 
-def from_dict(root: type, raw: Any) -> Any:
+def from_dict(root: type[T], raw: Any) -> T:
     """The typed config (an instance of `root`) of a resolved config dict, e.g. a stored one."""
-    return OmegaConf.to_object(typed_node(root, raw))
+    # OmegaConf is untyped here: to_object of a structured node builds an instance of its class, `root`.
+    return cast(T, OmegaConf.to_object(typed_node(root, raw)))
 
 
 def known_part(cls: type, raw: Any) -> Any:
