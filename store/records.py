@@ -39,6 +39,7 @@ class JobState(TypedDict, total=False):
     node_ids: list[str]  # a multi-node job's nodes
     settings: str  # the digest of the evaluation's settings it ran with (orchestrator/identity.py)
     waiting_for: str  # a multi-node job whose nodes the cluster cannot give now
+    waiting_since: str  # when it began to wait for them
 
 
 class Recovery(TypedDict):
@@ -74,6 +75,16 @@ class Invocation(TypedDict):
     overrides: list[str]
 
 
+class SlurmJob(TypedDict):
+    """A cluster job a sweep submitted (orchestrator/executors/slurm_tools.py): its Slurm id, the
+    script's label (`kind`: allocation, array, report), the cluster option, the script, when."""
+    id: str
+    kind: str
+    cluster: str
+    script: str
+    at: str
+
+
 class SweepManifest(TypedDict, total=False):
     """sweeps/<name>/sweep.yaml: every invocation of the sweep and the union of its runs.
     `looks` are an adaptive sweep's interim analyses, `slurm_jobs` the cluster jobs it submitted
@@ -85,7 +96,7 @@ class SweepManifest(TypedDict, total=False):
     overrides: list[str]  # of the latest invocation
     run_ids: list[str]
     looks: list[dict[str, Any]]
-    slurm_jobs: list[dict[str, Any]]
+    slurm_jobs: list[SlurmJob]
 
 
 class ConfigsRecord(TypedDict):

@@ -35,14 +35,14 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 from common.atomic import read_json, write_json, write_text
 from store import index, integrity
 from store.layout import FORMAT_VERSION, MARKER, METRICS, OWNER, RUN_JSON, STATE, TOP_LEVEL, Layout, RunPaths
-from store.records import (ConfigsRecord, Metrics, RunState, SweepConfigs, SweepManifest, marker, new_manifest,
-                           now, read_config, read_manifest, read_metrics, read_state, read_sweep_configs,
-                           write_manifest, write_metrics, write_state, write_sweep_configs)
+from store.records import (ConfigsRecord, Metrics, RunState, SlurmJob, SweepConfigs, SweepManifest, marker,
+                           new_manifest, now, read_config, read_manifest, read_metrics, read_state,
+                           read_sweep_configs, write_manifest, write_metrics, write_state, write_sweep_configs)
 
 DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
     "done", "failed", "running", "pending", "interrupted", "corrupt")
@@ -256,7 +256,7 @@ class Store:
         except ValueError:
             return {}
 
-    def merge_metrics(self, run_id: str, metrics: dict[str, Optional[float]], specs: dict[str, dict[str, Any]],
+    def merge_metrics(self, run_id: str, metrics: Mapping[str, Optional[float]], specs: dict[str, dict[str, Any]],
                       curves: dict[str, Any], curve_specs: dict[str, dict[str, Any]],
                       durable: bool = True) -> Metrics:
         """Add a job's results (metric values and curves, each with the record of its spec) to
@@ -392,7 +392,7 @@ class Store:
             return sweep
         return self._change_sweep(name, extend)
 
-    def record_slurm_job(self, name: str, job: dict[str, Any]) -> SweepManifest:
+    def record_slurm_job(self, name: str, job: SlurmJob) -> SweepManifest:
         """Append one submitted Slurm job of the sweep (id, kind, script; orchestrator/executors/slurm_tools.py)."""
         def extend(sweep: Optional[SweepManifest]) -> SweepManifest:
             sweep = sweep or new_manifest(name)
