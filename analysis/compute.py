@@ -20,6 +20,7 @@ from analysis.sequential import DECIDING_COLUMNS, FINAL, comparison_key, rule_de
 from analysis.stats import BETTER, EQUIVALENT_VERDICTS, N_BOOT, NEGLIGIBLE, WORSE, cell_keys, compare, summarize
 from analysis.text import where
 from common.metrics import CurveSpec, MetricSpec
+from store.records import SweepManifest
 
 TABLES = ("runs", "cells", "comparisons")
 HB_FINAL = 10_000  # seed x item bootstrap resamples for a written report (statistics.md (c))
@@ -43,7 +44,7 @@ class AnalysisOptions:
 class Analysis:
     """Everything a report shows, computed once from the store."""
     sweep: str
-    spec: dict  # sweep.yaml
+    spec: SweepManifest  # sweep.yaml
     runs: pd.DataFrame
     values: pd.DataFrame
     cells: pd.DataFrame

@@ -12,6 +12,7 @@ from common.settings import ConfigError
 from config.resources import Resources
 from jobs.flops import flops_per_token, schedule_flops
 from orchestrator.identity import PerSiblings, run_ids, run_label, settings_digest
+from store.records import RunState
 from store.store import DONE, Store
 
 
@@ -87,7 +88,7 @@ def resources_text(cfg: Any) -> str:
     return f"cpu={r.cpus:g} gpu={r.gpus:g} mem={r.memory_gb:g}G nodes={r.nodes}"
 
 
-def done(state: dict, job: str, cfg: Any) -> bool:
+def done(state: RunState, job: str, cfg: Any) -> bool:
     """Whether `job` is done for this config: done, and for an evaluation with the settings and
     the revision it has now (recorded with its result, orchestrator/identity.py): one whose
     settings are not part of the run id reruns when they change, and every evaluation reruns

@@ -9,7 +9,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Optional
 
 from rich.console import Group
 from rich.markup import escape
@@ -18,6 +18,7 @@ from rich.text import Text
 
 from jobs.registry import headline
 from orchestrator.plan import PlannedRun
+from store.records import RunState
 from store.store import DONE, FAILED, PENDING, RUNNING, Store
 
 
@@ -36,9 +37,10 @@ class States:
 
     def __init__(self, store: Store):
         self.store = store
-        self._seen: dict[str, tuple[Any, dict]] = {}  # run id -> (state.json's stat key, its state)
+        # run id -> (state.json's stat key (None: no file), its state)
+        self._seen: dict[str, tuple[Optional[tuple[int, int, int]], RunState]] = {}
 
-    def __call__(self, run_id: str) -> dict:
+    def __call__(self, run_id: str) -> RunState:
         try:  # an atomic write is a new file: its inode, size or mtime changes
             st = os.stat(self.store.run(run_id).state)
             key = (st.st_ino, st.st_size, st.st_mtime_ns)

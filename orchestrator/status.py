@@ -21,7 +21,7 @@ from rich.table import Table
 
 from orchestrator.executors import recorded_executor
 from store import index
-from store.records import SweepConfigs
+from store.records import RunState, SweepConfigs
 from store.store import CORRUPT, DONE, PENDING, RUNNING, WAITING, Store, StoreError
 
 CHECKED = 1000  # runs up to which `status` checks every run's files unless told otherwise
@@ -102,7 +102,7 @@ def _sweep_configs(store: Store, name: str) -> SweepConfigs:
         return SweepConfigs()
 
 
-def _row(run_id: str, state: dict) -> Row:
+def _row(run_id: str, state: RunState) -> Row:
     jobs = {j: (s.get("status"), s.get("attempts", 0)) for j, s in state.get("jobs", {}).items()}
     return Row(run_id, state["status"], jobs, state.get("error"))
 
@@ -140,7 +140,7 @@ def _with_progress(store: Store, row: Row) -> Row:
     return row
 
 
-def _damage_notes(store: Store, rid: str, label: str, state: dict) -> list[str]:
+def _damage_notes(store: Store, rid: str, label: str, state: RunState) -> list[str]:
     """One line per problem of a run (and per past one that was repaired); marks the state
     `stale` (running, claim free: its process was killed) or `corrupt` (damaged files)."""
     notes = [f"problem {rid} {label}: {p}; the next sweep of this run moves it aside and reruns "
@@ -150,7 +150,8 @@ def _damage_notes(store: Store, rid: str, label: str, state: dict) -> list[str]:
         state["status"] = CORRUPT
     elif store.is_stale(rid, state):
         for job in [state, *state.get("jobs", {}).values()]:
-            job["status"] = STALE if job.get("status") == RUNNING else job.get("status")
+            if job.get("status") == RUNNING:
+                job["status"] = STALE
         notes.append(f"stale {rid} {label}: state.json says running but no process holds its "
                      f"claim (killed); the next sweep resumes it from its last checkpoint")
     notes += [f"waiting {rid} {label}: since {entry.get('waiting_since')} job {job} needs {entry['waiting_for']},"
@@ -188,7 +189,7 @@ def load_index(store: Store, console: Console) -> index.Index:
     return found
 
 
-def _states(store: Store, run_ids: set[str]) -> Iterator[tuple[str, dict]]:
+def _states(store: Store, run_ids: set[str]) -> Iterator[tuple[str, RunState]]:
     return ((rid, store.read_state(rid)) for rid in sorted(run_ids))
 
 

@@ -25,7 +25,8 @@ import pandas as pd
 from config.run import RunConfig
 from config.tracker import TrackerConfig
 from orchestrator.identity import run_label
-from store.store import Store, now
+from store.records import now
+from store.store import Store
 
 WANDB_DIR = "wandb"  # under the store root; W&B's own run directories, staging files and logs
 ONLINE = ("online", "run")  # the W&B modes that talk to the server

@@ -25,11 +25,13 @@ from jobs.registry import get_job
 from orchestrator import tracking
 from orchestrator.identity import config_yaml, settings_digest
 from orchestrator.plan import bundle_of, done, jobs_of, processes_of, resources_of
-from store.store import DONE, WAITING, Store, now
+from store.records import RunState, now
+from store.store import DONE, WAITING, Store
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DURABLE_AFTER_S = 1.0  # jobs that ran this long have their results fsync'ed
 WAITING_AFTER_S = 5.0  # a multi-node job's nodes not free after this long: its state says it waits
+RunBatch = list[tuple[str, RunConfig, list[str], Optional[str]]]  # runs of one task (`execute_runs`)
 
 
 def _node_id() -> Optional[str]:
@@ -51,7 +53,7 @@ def _throttled(write: Callable[[dict], None], every_s: float = 0.5) -> Callable[
 
 def execute(job: str, run_id: str, store_root: str, cfg: RunConfig, *after: Any,
             rendezvous: Optional[dict] = None, config_text: Optional[str] = None,
-            sweep: Optional[str] = None) -> tuple[str, dict]:
+            sweep: Optional[str] = None) -> tuple[str, RunState]:
     """Run `job` of run `run_id` unless it is already done; returns `done` or `cached`, and the
     run's state after it (so the driver need not read it).
 
@@ -83,11 +85,13 @@ def execute(job: str, run_id: str, store_root: str, cfg: RunConfig, *after: Any,
             _throttled(lambda p: store.write_progress(run_id, {"job": job, **p})))
         started = time.monotonic()
         spec = get_job(job)
+        result: Optional[JobResult]
         try:
             if processes_of(cfg, job) == (1, 1) and not (job == "train" and cfg.backend.launches_ranks):
                 result = spec.fn(cfg, run_dir, progress)
             else:
                 result = _multi_process(job, cfg, run_dir, run_id, rendezvous, progress, sweep)
+            assert result is not None, "node rank 0 (this process: it holds the claim) gets the job's result"
             specs, curve_specs = spec.specs_of(result)
             # A job shorter than a second is cheaper to redo after a power cut than two fsyncs
             # (a lost write reads as a stale or unreadable file, and the job reruns).
@@ -112,8 +116,7 @@ def execute(job: str, run_id: str, store_root: str, cfg: RunConfig, *after: Any,
     return DONE, state
 
 
-def execute_runs(store_root: str, runs: list[tuple[str, RunConfig, list[str], Optional[str]]],
-                 sweep: Optional[str] = None) -> list[dict]:
+def execute_runs(store_root: str, runs: RunBatch, sweep: Optional[str] = None) -> list[RunState]:
     """Several short runs in one task, each run's jobs in turn by `execute`: the driver batches
     runs whose jobs take milliseconds, for which a Ray task per job costs more than the job
     (ray_driver.py `Feed`). `runs`: (run id, config, jobs to do, config.yaml text) each.
@@ -185,7 +188,7 @@ def _record_waiting(store: Store, run_id: str, job: str, cfg: Any, needs: str) -
 
 
 def execute_nodes(job: str, run_id: str, store_root: str, cfg: RunConfig, *after: Any,
-                  config_text: Optional[str] = None, sweep: Optional[str] = None) -> tuple[str, dict]:
+                  config_text: Optional[str] = None, sweep: Optional[str] = None) -> tuple[str, RunState]:
     """A multi-node job: a STRICT_SPREAD placement group of one bundle per node, one `execute`
     task per bundle with torchrun's rendezvous at bundle 0; the group is removed afterwards.
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # for annotations only; plan and sweep import this package, n
     from rich.console import Console
 
     from orchestrator.plan import PlannedRun
+    from store.records import SweepManifest
     from store.store import Store
 
 
@@ -64,11 +65,11 @@ class Executor(ABC):
             console: "Console") -> Outcome:
         """Run (or submit) every job still to do of `runs` (already recorded in `store`)."""
 
-    def status_lines(self, sweep: dict) -> list[str]:
+    def status_lines(self, sweep: SweepManifest) -> list[str]:
         """Lines `status` adds for the sweep's jobs on this cluster (Slurm: queue states)."""
         return []
 
-    def cancel(self, sweep: dict, console: "Console") -> int:
+    def cancel(self, sweep: SweepManifest, console: "Console") -> int:
         console.print(f"sweep {sweep['name']}: no Slurm jobs recorded (it ran locally); nothing to cancel",
                       markup=False)
         return 0
@@ -82,7 +83,7 @@ def executor_of(config: ClusterConfig) -> Executor:
     return EXECUTORS[config.name](config)
 
 
-def recorded_executor(sweep: dict) -> Optional[Executor]:
+def recorded_executor(sweep: SweepManifest) -> Optional[Executor]:
     """The executor of the cluster jobs a sweep record lists (None: it ran on Ray directly)."""
     kinds = [job.get("cluster") for job in sweep.get("slurm_jobs", [])]
     return EXECUTORS[kinds[-1]](None) if kinds else None

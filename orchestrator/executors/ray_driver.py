@@ -20,7 +20,7 @@ import signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from rich.console import Console
 from rich.live import Live
@@ -30,7 +30,8 @@ from orchestrator.executors import Executor, Outcome
 from orchestrator.identity import SeedTemplates
 from orchestrator.identity import config_yaml
 from orchestrator.plan import PlannedRun, bundle_of, check_fit, jobs_of, processes_of
-from orchestrator.worker import execute, execute_nodes, execute_runs
+from orchestrator.worker import RunBatch, execute, execute_nodes, execute_runs
+from store.records import RunState
 from store.store import DONE, FAILED, INTERRUPTED, RUNNING, Store
 
 
@@ -151,7 +152,10 @@ class Feed:
         self.runs, self.root, self.window, self.cpus = deque(runs), root, window, max(1, cpus)
         self.sweep = sweep  # the jobs' W&B group
         self.remote, self.coordinate = ray.remote(execute), ray.remote(execute_nodes)
-        self.remote_batch = ray.remote(execute_runs)
+        # ray.remote types a task by the arity of its function, and a batch is sent `sweep` too: a
+        # function of three arguments, not of execute_runs's two required ones.
+        batch_task: Callable[[str, RunBatch, Optional[str]], list[RunState]] = execute_runs
+        self.remote_batch = ray.remote(batch_task)
         self.texts = SeedTemplates(config_yaml)
         self.inflight: dict[Any, Task] = {}
         self.active: dict[str, PlannedRun] = {}  # the runs with a job in flight

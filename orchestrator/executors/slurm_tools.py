@@ -22,7 +22,8 @@ from common.settings import ConfigError
 from config.cluster import SlurmCommon
 from orchestrator.executors import Executor, Outcome
 from orchestrator.plan import PlannedRun
-from store.store import Store, now
+from store.records import SlurmJob, SweepManifest, now
+from store.store import Store
 
 SWEEP_NAME = re.compile(r"[A-Za-z0-9._-]{1,120}")
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING",
@@ -130,7 +131,7 @@ def active(job_ids: list[str]) -> list[str]:
     return [jid for jid, s in states(job_ids).items() if s.split()[0] in ACTIVE]
 
 
-def recorded_jobs(sweep: dict) -> list[dict]:
+def recorded_jobs(sweep: SweepManifest) -> list[SlurmJob]:
     return sweep.get("slurm_jobs", [])
 
 
@@ -287,7 +288,7 @@ class SlurmExecutor(Executor):
                       markup=False, soft_wrap=True)
         return Outcome(submitted=[jid for jid, _ in jobs])
 
-    def status_lines(self, sweep: dict) -> list[str]:
+    def status_lines(self, sweep: SweepManifest) -> list[str]:
         """One line per recorded Slurm job of the sweep with its current state."""
         jobs = recorded_jobs(sweep)
         if not jobs:
@@ -296,7 +297,7 @@ class SlurmExecutor(Executor):
         return [f"slurm {j['kind']} job {j['id']} ({j['cluster']}, submitted {j['at'][:19]}): "
                 f"{found.get(j['id'], 'unknown (no squeue here)')}" for j in jobs]
 
-    def cancel(self, sweep: dict, console: Console) -> int:
+    def cancel(self, sweep: SweepManifest, console: Console) -> int:
         """scancel the sweep's queued and running Slurm jobs."""
         jobs = [j["id"] for j in recorded_jobs(sweep)]
         busy = active(jobs)
