@@ -3,7 +3,7 @@ generates its training stream is its behaviour (jobs/data/, registered under the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol, TypedDict
 
 from common.registry import Registry
 from common.settings import require, section, setting
@@ -51,6 +51,15 @@ def longest_instance(ranges: InstanceRanges) -> int:
     return ranges.strings_per_instance[1] * (ranges.string_length[1] + 1)
 
 
+class WarmupRanges(TypedDict, total=False):
+    """The generator ranges a data warm-up replaces, keyed by field of the regime's generator
+    settings (jobs/data/regbench.py's RegBenchConfig), so they can be passed to it as keywords."""
+    num_states: tuple[int, int]
+    alphabet_size: tuple[int, int]
+    transitions_per_state: tuple[int, int]
+    string_length: tuple[int, int]
+
+
 @dataclass(frozen=True)
 class DataWarmupConfig:
     """data.warmup: a data curriculum. The first `steps` training steps draw their automata (as
@@ -63,10 +72,18 @@ class DataWarmupConfig:
     transitions_per_state: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
     string_length: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
 
-    def ranges(self) -> dict[str, tuple[int, int]]:
+    def ranges(self) -> WarmupRanges:
         """The ranges it replaces, by field of the regime's generator settings."""
-        return {name: (value[0], value[1]) for name in ("num_states", "alphabet_size", "transitions_per_state",
-                                                        "string_length") if (value := getattr(self, name)) is not None}
+        ranges: WarmupRanges = {}
+        if self.num_states is not None:
+            ranges["num_states"] = (self.num_states[0], self.num_states[1])
+        if self.alphabet_size is not None:
+            ranges["alphabet_size"] = (self.alphabet_size[0], self.alphabet_size[1])
+        if self.transitions_per_state is not None:
+            ranges["transitions_per_state"] = (self.transitions_per_state[0], self.transitions_per_state[1])
+        if self.string_length is not None:
+            ranges["string_length"] = (self.string_length[0], self.string_length[1])
+        return ranges
 
 
 @DATA_CONFIGS.register("regbench")

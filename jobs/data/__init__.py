@@ -4,7 +4,7 @@ arith.py); a stream's batch at a step is a pure function of (data.seed, run seed
 resuming needs no stream state."""
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Protocol, TypeVar
 
 import torch
 
@@ -24,6 +24,22 @@ class TrainStream(Protocol):
 # (the kind's data config, run seed, batch size) -> the training stream
 StreamFactory = Callable[[DataConfig, int, int], TrainStream]
 STREAMS: Registry[StreamFactory] = Registry("data kind", "jobs.data", "data.kind")
+
+Data = TypeVar("Data", bound=DataConfig)
+
+
+def register_stream(kind: str, config: type[Data]) -> Callable[[Callable[[Data, int, int], TrainStream]],
+                                                               Callable[[Data, int, int], TrainStream]]:
+    """Register a factory of data kind `kind`'s stream, which takes the kind's own config class
+    (`config`, DATA_CONFIGS[kind]). STREAMS holds it as a factory over any DataConfig, narrowed
+    here: `train_stream` picks it by data.kind, so the section it passes is of that class."""
+    def register(factory: Callable[[Data, int, int], TrainStream]) -> Callable[[Data, int, int], TrainStream]:
+        def of_kind(data: DataConfig, seed: int, batch_size: int) -> TrainStream:
+            assert isinstance(data, config), f"data.kind={kind} is configured by {config.__name__}"
+            return factory(data, seed, batch_size)
+        STREAMS.register(kind)(of_kind)
+        return factory
+    return register
 
 
 def train_stream(data: DataConfig, seed: int, batch_size: int) -> TrainStream:

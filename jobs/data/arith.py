@@ -18,7 +18,7 @@ import torch
 
 from config.data import ArithDataConfig
 from jobs import tokenizer
-from jobs.data import STREAMS
+from jobs.data import register_stream
 from jobs.data.gsm8k import Problem, shot, write_jsonl
 
 NAMES = ("Ann", "Bob", "Sam", "Eve", "Tom", "Mia", "Leo", "Ivy")
@@ -26,7 +26,7 @@ ITEMS = ("apples", "pens", "cards", "eggs", "books", "shells", "stamps", "coins"
 _TEST, _TRAIN, _STREAM = range(3)  # tags that keep the random streams apart
 
 
-@STREAMS.register("arith")
+@register_stream("arith", ArithDataConfig)
 def arith_stream(data_cfg: ArithDataConfig, seed: int, batch_size: int) -> TrainStream:
     return TrainStream(data_cfg, seed, batch_size)
 

@@ -34,8 +34,8 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from config.data import N_SYMBOLS, VALIDATION_SEQUENCES, DataWarmupConfig, RegBenchDataConfig
-from jobs.data import STREAMS
+from config.data import N_SYMBOLS, VALIDATION_SEQUENCES, DataConfig, DataWarmupConfig, RegBenchDataConfig
+from jobs.data import register_stream
 
 SEP = 18  # "|" separates strings and opens every instance
 PAD = 19  # "." fills the instance up to seq_len + 1 tokens
@@ -49,7 +49,7 @@ _WARMUP_POOL = 8
 _SET_CHUNK = 500  # instances generated at a time for a fixed set (bounds memory only)
 
 
-@STREAMS.register("regbench")
+@register_stream("regbench", RegBenchDataConfig)
 def regbench_stream(data_cfg: RegBenchDataConfig, seed: int, batch_size: int) -> Union[TrainStream, FixedSetStream]:
     """The infinite stream (data.train_sequences null) or the fixed training set."""
     if data_cfg.train_sequences is None:
@@ -96,6 +96,13 @@ class RegBenchConfig:
 
 
 DataSpec = Union[RegBenchDataConfig, RegBenchConfig]  # what the public functions accept as data_cfg
+
+
+def regbench_data(data: DataConfig) -> RegBenchDataConfig:
+    """A run's data section, of an evaluation declared on regbench data only (config/evals.py):
+    planning refused any other data kind (EvalSection.check)."""
+    assert isinstance(data, RegBenchDataConfig), f"data.kind={data.kind}: not regbench"
+    return data
 
 
 # ----------------------------------------------------------------------------- automata
@@ -307,7 +314,11 @@ class TrainStream:
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, targets)`` LongTensors ``[B, seq_len]``; targets are -100 where the next
         token is a separator or pad, so the model never learns to predict ``|``."""
-        cfg, tables = (self.warmup_cfg, self._warmup()) if step < self.warmup_steps else (self.cfg, self.tables)
+        if step < self.warmup_steps:
+            assert self.warmup_cfg is not None, "warm-up steps come with data.warmup"
+            cfg, tables = self.warmup_cfg, self._warmup()
+        else:
+            cfg, tables = self.cfg, self.tables
         rng = np.random.default_rng([self.cfg.seed, _TRAIN_STRINGS, self.seed, int(step)])
         tokens, _ = _instances(tables, rng.integers(cfg.train_automata, size=self.batch_size), cfg, rng)
         return inputs_and_targets(tokens)
@@ -337,6 +348,13 @@ def _fixed_instances(automata: tuple[Automaton, ...], cfg: RegBenchConfig, count
     return tokens
 
 
+def fixed_set_size(cfg: RegBenchConfig) -> int:
+    """data.train_sequences, of a run that trains on a fixed set (its validation split and
+    `FixedSetStream` exist only then)."""
+    assert cfg.train_sequences is not None, "a fixed training set has data.train_sequences"
+    return cfg.train_sequences
+
+
 @lru_cache(maxsize=2)
 def training_set(cfg: RegBenchConfig) -> np.ndarray:
     """The fixed training set of ``data.train_sequences`` instances: a function of the data
@@ -362,7 +380,7 @@ class Validation:
     def due(self, steps_done: int, total_steps: int) -> bool:
         """Validate after the step that completes a pass over the training set (the reference
         validates once per epoch), and after the last step."""
-        n, b = self.cfg.train_sequences, self.batch_size
+        n, b = fixed_set_size(self.cfg), self.batch_size
         return steps_done == total_steps or (steps_done * b) // n > ((steps_done - 1) * b) // n
 
     def batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -382,11 +400,11 @@ class FixedSetStream:
 
     def order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.cfg.seed, _TRAIN_ORDER, self.seed, int(epoch)]).permutation(
-            self.cfg.train_sequences)
+            fixed_set_size(self.cfg))
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = np.arange(int(step) * self.batch_size, (int(step) + 1) * self.batch_size)
-        epoch, index = np.divmod(rows, self.cfg.train_sequences)
+        epoch, index = np.divmod(rows, fixed_set_size(self.cfg))
         picked = np.empty_like(rows)
         for e in np.unique(epoch):
             picked[epoch == e] = self.order(e)[index[epoch == e]]
