@@ -11,7 +11,7 @@ import functools
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, TypeVar
 
 from common.registry import Registry
 from common.settings import require, section, setting
@@ -21,6 +21,7 @@ from config.resources import Resources
 if TYPE_CHECKING:
     from config.run import JobConfig
 
+S = TypeVar("S")  # an evaluation's settings class
 GSM8K_HUB = "hub"  # the `eval.gsm8k.path` value that reads openai/gsm8k through `datasets`
 
 
@@ -64,6 +65,15 @@ def eval_config() -> type[EvalSection]:
     cls = dataclasses.make_dataclass("EvalConfig", fields, bases=(EvalSection,), frozen=True)
     cls.__module__ = __name__  # pickled by reference, found through the module's __getattr__
     return cls
+
+
+def eval_settings(section: EvalSection, name: str, settings: type[S]) -> S:
+    """eval.<name>, typed: evaluation `name`'s settings, of the class it was declared with
+    (`settings`). The section's field for it is added at run time (`eval_config`), so a type
+    checker cannot see `cfg.eval.<name>`; this is its typed path."""
+    value = getattr(section, name)
+    assert isinstance(value, settings), f"eval.{name} is declared with {settings.__name__}, got {type(value).__name__}"
+    return value
 
 
 def __getattr__(name: str) -> type:

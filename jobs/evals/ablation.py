@@ -29,11 +29,13 @@ import pandas as pd
 import torch
 
 from common.metrics import CurveSpec, MetricSpec
+from config.evals import AblationSettings, InductionSettings, RegBenchSettings, eval_settings
 from config.run import JobConfig
 from jobs.backends import load_model
 from jobs.contract import JobResult, Progress
 from jobs.data import train_stream
 from jobs.data.fewshot import TASKS, suite, task_f1
+from jobs.data.regbench import regbench_data
 from jobs.evals import evaluation
 from jobs.evals.induction import head_table, repeated_sequences, top_heads
 from jobs.evals.regbench import evaluate
@@ -80,14 +82,16 @@ class Suite:
 
     def __init__(self, model: Decoder, cfg: JobConfig):
         self.model, self.cfg = model, cfg
-        self.tasks = suite(cfg.eval.ablation.prompts, cfg.data.seed)
+        self.tasks = suite(eval_settings(cfg.eval, "ablation", AblationSettings).prompts, cfg.data.seed)
 
     def scores(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], float]:
         """(per-item task scores, their weights summing to 1 per task, held-out TVD)."""
         scores = {task.name: task_f1(self.model, task) for task in self.tasks}
         weights = {name: np.full(len(value), 1 / len(value)) for name, value in scores.items()}
         device = next(self.model.parameters()).device
-        held_out = evaluate(self.cfg.data, self.cfg.eval.regbench, lambda inputs: self.model(inputs.to(device)))
+        held_out = evaluate(regbench_data(self.cfg.data), eval_settings(self.cfg.eval, "regbench", RegBenchSettings),
+                            lambda inputs: self.model(inputs.to(device)))
+        assert held_out.items is not None, "the regbench evaluation records its per-item scores"
         acc = held_out.items[held_out.items["metric"] == REGBENCH_TASK]
         scores[REGBENCH_TASK] = acc["score"].to_numpy()
         weights[REGBENCH_TASK] = acc["weight"].to_numpy() / acc["weight"].sum()
@@ -99,8 +103,8 @@ def _mean_score(scores: dict[str, np.ndarray], weights: dict[str, np.ndarray]) -
 
 
 def score(model: Decoder, cfg: JobConfig) -> JobResult:
-    settings, seed = cfg.eval.ablation, cfg.seed
-    induction = cfg.eval.induction
+    settings, seed = eval_settings(cfg.eval, "ablation", AblationSettings), cfg.seed
+    induction = eval_settings(cfg.eval, "induction", InductionSettings)
     table = head_table(model, repeated_sequences(induction.sequences, induction.length, seed))
     shape = (len(model.plan), int(table["head"].max()) + 1)
     reference, _ = train_stream(cfg.data, seed, settings.reference_batch).batch(cfg.train.steps)

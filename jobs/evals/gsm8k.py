@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from common.metrics import MetricSpec
-from config.evals import Gsm8kSettings
+from config.evals import Gsm8kSettings, eval_settings
 from config.run import JobConfig
 from jobs import tokenizer
 from jobs.backends import load_model
@@ -73,7 +73,7 @@ def prompt_text(shots: list[gsm8k.Problem], problem: gsm8k.Problem) -> str:
 
 def problems(cfg: JobConfig) -> dict[str, list[gsm8k.Problem]]:
     """Train and test problems from the configured source (see jobs/data/gsm8k.py)."""
-    path = cfg.eval.gsm8k.path
+    path = eval_settings(cfg.eval, "gsm8k", Gsm8kSettings).path
     if path is None and isinstance(cfg.data, arith.ArithDataConfig):
         return arith.splits(cfg.data)
     if path is None:
@@ -119,4 +119,4 @@ def evaluate(model: Decoder, data: Mapping[str, list[gsm8k.Problem]], settings: 
 def gsm8k_job(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's final checkpoint, n_shots-shot exact match."""
     model = load_model(cfg, run_dir)
-    return evaluate(model, problems(cfg), cfg.eval.gsm8k)
+    return evaluate(model, problems(cfg), eval_settings(cfg.eval, "gsm8k", Gsm8kSettings))

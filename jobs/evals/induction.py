@@ -16,19 +16,21 @@ from __future__ import annotations
 import math
 from itertools import combinations
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
 import torch
 
 from common.metrics import CurveSpec, MetricSpec
+from config.evals import InductionSettings, eval_settings
 from config.run import JobConfig
 from jobs.backends import load_model
 from jobs.contract import JobResult, Progress
-from jobs.data.regbench import N_SYMBOLS, SEP, heldout_walks
+from jobs.data.regbench import N_SYMBOLS, SEP, heldout_walks, regbench_data
 from jobs.evals import evaluation
 from jobs.interp import attention_patterns, induction_scores, induction_targets
-from jobs.model import Decoder
+from jobs.model import Block, Decoder
 
 
 _EXACT_LIMIT = 200_000  # enumerate every top-k set up to this many, else sample
@@ -79,7 +81,7 @@ def repeated_sequences(n: int, length: int, seed: int) -> torch.Tensor:
 def in_distribution_sequences(cfg: JobConfig, n: int, length: int, seed: int) -> torch.Tensor:
     """[n, 2 * length + 2] token ids: ``|`` s ``|`` s, s a random walk of `length` symbols of
     held-out automaton i (symbols repeat, as in the data)."""
-    s = heldout_walks(cfg.data, n, length, np.random.default_rng([seed, 6]))
+    s = heldout_walks(regbench_data(cfg.data), n, length, np.random.default_rng([seed, 6]))
     sep = np.full((n, 1), SEP)
     return torch.from_numpy(np.concatenate([sep, s, sep, s], axis=1))
 
@@ -143,8 +145,9 @@ def concentration_test(groups: np.ndarray, chosen: np.ndarray, m: int, seed: int
 
 
 def score(model: Decoder, cfg: JobConfig) -> JobResult:
-    settings = cfg.eval.induction
-    k = min(settings.top_k, len(model.plan) * model.layers[0].attn.n_heads)
+    settings = eval_settings(cfg.eval, "induction", InductionSettings)
+    heads = cast(Block, model.layers[0]).attn.n_heads  # a ModuleList's items are typed Module; these are Blocks
+    k = min(settings.top_k, len(model.plan) * heads)
     tokens = repeated_sequences(settings.sequences, settings.length, cfg.seed)
     table = head_table(model, tokens)
     top = top_heads(table, k)

@@ -25,11 +25,12 @@ import pandas as pd
 import torch
 
 from common.metrics import CurveSpec, MetricSpec
-from config.evals import RegBenchSettings
+from config.evals import RegBenchSettings, eval_settings
 from config.run import JobConfig
 from jobs.backends import load_model
 from jobs.contract import JobResult, Progress
-from jobs.data.regbench import N_SYMBOLS, PAD, SEP, VOCAB, DataSpec, EvalSet, RegBenchConfig, heldout_set
+from jobs.data.regbench import (N_SYMBOLS, PAD, SEP, VOCAB, DataSpec, EvalSet, RegBenchConfig, heldout_set,
+                                regbench_data)
 from jobs.evals import evaluation
 
 
@@ -296,4 +297,5 @@ def regbench(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     """The registered job: the run's evaluated checkpoint (backend.load_model) on the held-out automata."""
     model = load_model(cfg, run_dir)
     device = next(model.parameters()).device
-    return evaluate(cfg.data, cfg.eval.regbench, lambda inputs: model(inputs.to(device)))
+    return evaluate(regbench_data(cfg.data), eval_settings(cfg.eval, "regbench", RegBenchSettings),
+                    lambda inputs: model(inputs.to(device)))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from common.metrics import MetricSpec
 from common.settings import setting
-from config.evals import declare_evaluation
+from config.evals import declare_evaluation, eval_settings
 from config.run import JobConfig
 from jobs.backends import load_model
 from jobs.contract import JobResult, Progress
@@ -28,4 +28,5 @@ declare_evaluation("weight_norm", settings=WeightNormSettings, data=("regbench",
     "embedding_norm": MetricSpec("embedding norm (scaled)", higher_is_better=False)})
 def weight_norm(cfg: JobConfig, run_dir: Path, progress: Progress) -> JobResult:
     model = load_model(cfg, run_dir)
-    return JobResult(metrics={"embedding_norm": cfg.eval.weight_norm.scale * float(model.embed.weight.norm())})
+    scale = eval_settings(cfg.eval, "weight_norm", WeightNormSettings).scale
+    return JobResult(metrics={"embedding_norm": scale * float(model.embed.weight.norm())})
