@@ -24,14 +24,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from analysis.stats import (BETTER, DECIDED, EQUIVALENT_VERDICTS, NEGLIGIBLE, WORSE, cell_keys, compare,
-                            confirmatory_metrics, holm, seeds_needed, verdict_rule)
+from analysis.stats import (BETTER, DECIDED, EQUIVALENT_VERDICTS, NEGLIGIBLE, WORSE, PrimaryMetrics, cell_keys,
+                            compare, confirmatory_metrics, holm, seeds_needed, verdict_rule)
 
 SETTLED = DECIDED  # compare's verdicts that end a comparison: better, worse, equivalent (either kind)
 FUTILE, CONTINUE, INCONCLUSIVE = "futile", "continue", "inconclusive"
@@ -64,8 +63,8 @@ def comparison_key(family: str, size: object, cell: Cell | Mapping = (), metric:
     """The stable key of one comparison: (family, size, ((cell key, value), ...), metric). `cell` may be
     a mapping key -> value; values are plain Python (NaN as None), so a key read back from YAML equals
     the one built from the table (1 == 1.0 in Python)."""
-    cell = cell.items() if isinstance(cell, Mapping) else cell
-    return (str(family), _plain(size), tuple((str(k), _plain(v)) for k, v in cell), str(metric))
+    pairs = cell.items() if isinstance(cell, Mapping) else cell
+    return (str(family), _plain(size), tuple((str(k), _plain(v)) for k, v in pairs), str(metric))
 
 
 def arm_key(family: str, size: object, cell: Cell | Mapping = ()) -> ArmKey:
@@ -257,7 +256,7 @@ def _open_arms(table: pd.DataFrame, verdicts: pd.Series, keys: list[str]) -> tup
 
 def next_seeds(df: pd.DataFrame, *, looks: Sequence[int] = (3, 5, 8), alpha: float = 0.05,
                delta_min: float | Mapping[str, float] = 0.02, baseline: str = "dense", pairing: str = "paired",
-               primary_metrics: str | Sequence[str] | AbstractSet[str] | Mapping[str, object] = ("regbench_tvd",),
+               primary_metrics: PrimaryMetrics = ("regbench_tvd",),
                seed: int = 0, by: Sequence[str] | None = None,
                settled: Mapping[ComparisonKey, tuple[str, int]] | None = None) -> SeedPlan:
     """Where the sweep stands in its look schedule, and whether to add seeds, and to which arms.
@@ -311,8 +310,9 @@ def next_seeds(df: pd.DataFrame, *, looks: Sequence[int] = (3, 5, 8), alpha: flo
         p_holm = pd.Series(holm(table["p_value"].mask(is_held & table["p_value"].notna(), 1.0)), index=table.index)
         table["p_adj"] = table["p_holm"] = p_holm.mask(is_held)
         open_ = ~is_held
-        table.loc[open_, "verdict"] = verdict_rule(*(table.loc[open_, c] for c in (
-            "p_adj", "ci_low", "ci_high", "tost_low", "tost_high", "delta_min")), level_alpha)
+        rows = table.loc[open_]
+        table.loc[open_, "verdict"] = verdict_rule(rows["p_adj"], rows["ci_low"], rows["ci_high"], rows["tost_low"],
+                                                   rows["tost_high"], rows["delta_min"], level_alpha)
         table.loc[open_, "significant"] = table.loc[open_, "verdict"].isin([BETTER, WORSE, NEGLIGIBLE])
         held_verdicts = pd.Series([held[k][0] for k, h in zip(row_keys, is_held) if h], index=table.index[is_held])
         table.loc[is_held, "significant"] = held_verdicts.isin([BETTER, WORSE, NEGLIGIBLE])

@@ -10,7 +10,7 @@ import argparse
 import os
 import subprocess
 import sys
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn, Optional, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -154,8 +154,8 @@ class _Parser(argparse.ArgumentParser):
 class _Refused(argparse.Action):
     """A flag from another tool's habits: refused with what to do instead (exit 2)."""
 
-    def __init__(self, *args: Any, fix: str, **kwargs: Any):
-        super().__init__(*args, nargs=0, **kwargs)
+    def __init__(self, option_strings: Sequence[str], dest: str, *, fix: str, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
         self.fix = fix
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> NoReturn:

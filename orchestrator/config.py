@@ -10,7 +10,7 @@ import os
 import re
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, cast
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -80,7 +80,10 @@ class _Grid:
     seed-free part of each point."""
 
     def __init__(self) -> None:
-        self.loader = GlobalHydra.instance().config_loader()
+        loader = GlobalHydra.instance().config_loader()
+        # Hydra's loader is its ConfigLoaderImpl, whose repository classifies an override as a value or a choice.
+        assert isinstance(loader, ConfigLoaderImpl), f"Hydra's config loader is a {type(loader).__name__}"
+        self.loader = loader
         self.parser = OverridesParser.create(config_loader=self.loader)
         self.bases: dict[tuple[str, ...], DictConfig] = {}
         self.parsed: dict[str, Override] = {}
@@ -109,12 +112,18 @@ class _Grid:
         whole = any(o.is_add() or o.is_force_add() or o.is_delete() for o in parsed)
         is_value = [not whole and _is_value_override(o, self.loader.repository) for o in parsed]
         values = [o for o, v in zip(parsed, is_value) if v]
-        choices = tuple(o.input_line for o, v in zip(parsed, is_value) if not v)
+        choices = tuple(_input_line(o) for o, v in zip(parsed, is_value) if not v)
         if choices not in self.bases:
             self.bases[choices] = _typed(_composed(list(choices), overrides))
         node = copy.deepcopy(self.bases[choices])
         apply_value_overrides(node, values)
         return node
+
+
+def _input_line(o: Override) -> str:
+    """The override as written: `parse_overrides` sets it on every override it returns."""
+    assert o.input_line is not None, "a parsed override keeps its input line"
+    return o.input_line
 
 
 # `seed=<n>` as Hydra's grammar reads an int (no sign, no leading zero, no underscore)
@@ -207,7 +216,8 @@ def _finished(node: DictConfig) -> RunConfig:
                 f"{key}: its kind changed by a value override; choose it with the config group "
                 f"({key}=<option>), not with a key inside it")
     try:
-        run: RunConfig = OmegaConf.to_object(node)
+        # OmegaConf's to_object is typed loosely: a node typed as RunConfig (`_typed`) becomes a RunConfig.
+        run = cast(RunConfig, OmegaConf.to_object(node))
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key}: missing; set it in conf/ or on the command line "
                           f"({e.full_key}=<value>)") from None

@@ -254,7 +254,7 @@ def _check_value(hint: Any, value: Any, where: str) -> None:
                 errors.append(str(e))
         raise SchemaError(errors[0] if len(errors) == 1 else f"{where}: matches none of "
                           f"{', '.join(o.__name__ for o in options)} ({'; '.join(errors)})")
-    elif dataclasses.is_dataclass(hint):
+    elif isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a hint is a class, never an instance
         if not isinstance(value, dict):
             raise SchemaError(f"{where}: must be a mapping ({hint.__name__}), got {value!r}")
         hints = typing.get_type_hints(hint)

@@ -31,10 +31,15 @@ class RayClusterExecutor(RayExecutor):
         """An address where nothing listens is refused by the dry run too, before anything is
         written (auto: the address of the cluster started here, read from Ray's files)."""
         super().check(runs, name, store)
-        address, timeout = self.config.address, self.config.connect_timeout_s
+        address, timeout = self._address(), self.config.connect_timeout_s
         problem = None if address == "auto" else _not_listening(address, timeout)
         if problem:
             raise RuntimeError(f"cluster.address={address}: {problem}; {self._fix()}")
+
+    def _address(self) -> str:
+        """cluster.address: validating the config refused a run without one (RayClusterConfig.check)."""
+        assert self.config.address is not None, "cluster=ray needs cluster.address"
+        return self.config.address
 
     def _fix(self) -> str:
         return (f"check that `ray start --head` runs there and that this machine reaches it (or raise "
@@ -47,7 +52,7 @@ class RayClusterExecutor(RayExecutor):
         waits: the child can be killed, and its output (those warnings) is dropped."""
         import ray
 
-        address, timeout = self.config.address, self.config.connect_timeout_s
+        address, timeout = self._address(), self.config.connect_timeout_s
         problem = _join_problem(address, timeout)
         if problem == TIMED_OUT:
             raise RuntimeError(f"cluster.address={address}: no Ray cluster answered within {timeout:g} s; "
