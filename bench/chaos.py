@@ -240,8 +240,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
 
     overrides = ["size=micro", f"family={args.families}", f"seed={','.join(map(str, range(args.seeds)))}",
-                 "tracker=none", "eval.jobs=[]", f"train.steps={args.steps}", "train.checkpoint_every=20",
-                 "train.max_retries=3"]
+                 "tracker=none", "eval.jobs=[regbench]", "eval.regbench.instances=20", f"train.steps={args.steps}",
+                 "train.checkpoint_every=20", "train.max_retries=3"]
     bed = Bed("chaos", "198.18.3", args.hosts)
     started = time.monotonic()
     try:

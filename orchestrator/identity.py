@@ -81,6 +81,16 @@ def semantic_config(cfg: Any) -> dict:
     return out
 
 
+def outside_run_id(key: str) -> bool:
+    """Whether a dotted override key (or a config group, `cluster/...`) leaves the run id alone:
+    a NON_SEMANTIC key, or a setting of an evaluation added since format 1 (recorded with its
+    result, so that changing it reruns that evaluation only)."""
+    if any(key == k or key.startswith(f"{k}.") or key.startswith(f"{k}/") for k in NON_SEMANTIC):
+        return True
+    section, _, rest = key.partition(".")
+    return section == "eval" and bool(rest) and rest.split(".")[0] not in FORMAT1_EVALUATIONS
+
+
 def run_id(cfg: Any) -> str:
     """12 hex digits of sha256 over the canonical JSON of the semantic config (key order free)."""
     return _hash(_canonical(semantic_config(cfg)))

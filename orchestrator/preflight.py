@@ -16,7 +16,7 @@ from typing import Any
 from common.settings import ConfigError, require
 from orchestrator import grid
 from orchestrator.executors import Executor
-from orchestrator.identity import NON_SEMANTIC
+from orchestrator.identity import outside_run_id
 from orchestrator.plan import PlannedRun, cpu_hours, training_memory_gb
 from store.store import Store
 
@@ -51,8 +51,9 @@ def _check_adaptive(configs: list[Any]) -> None:
 
 def _check_name(name: str, overrides: list[str], store: Store) -> None:
     """A recorded sweep is extended only by its own grid: `--name` reused for another grid would
-    mix two experiments in one report. Keys that do not change a run's results (identity.py's
-    NON_SEMANTIC: where it runs, the evaluations listed, ...) and the seeds may differ."""
+    mix two experiments in one report. Keys outside the run id (identity.py's `outside_run_id`:
+    where it runs, the evaluations listed, a newer evaluation's settings, ...) and the seeds may
+    differ."""
     if name not in store.sweeps():
         return
     try:
@@ -61,7 +62,7 @@ def _check_name(name: str, overrides: list[str], store: Store) -> None:
         return
     now = grid.named_axes_of(overrides)
     differ = [key for key in sorted(recorded.keys() | now.keys())
-              if recorded.get(key) != now.get(key) and not _non_semantic(key)]
+              if recorded.get(key) != now.get(key) and not outside_run_id(key)]
     if differ:
         def values(axes: dict[str, list[str]], key: str) -> str:
             return ",".join(axes[key]) if key in axes else "(default)"
@@ -69,10 +70,6 @@ def _check_name(name: str, overrides: list[str], store: Store) -> None:
                           + "; ".join(f"{key}={values(now, key)} here, {values(recorded, key)} recorded"
                                       for key in differ)
                           + "); choose another --name, or give the recorded overrides (other seeds extend it)")
-
-
-def _non_semantic(key: str) -> bool:
-    return any(key == k or key.startswith(f"{k}.") or key.startswith(f"{k}/") for k in NON_SEMANTIC)
 
 
 def _estimates(todo: list[PlannedRun]) -> list[str]:

@@ -24,8 +24,8 @@ from orchestrator.config import compose_run, hydra_session
 # 120 steps, a checkpoint every 20: LIDAS grows 1 -> 4 layers (DDP rebuilt at each growth) and
 # a kill after step 40 lands between checkpoints with most of the run still to do.
 STEPS = 120
-RUN = ["size=micro", "family=lidas", "seed=0", "tracker=none", "eval.jobs=[]", "resources.nodes=2",
-       f"train.steps={STEPS}", "train.checkpoint_every=20"]
+RUN = ["size=micro", "family=lidas", "seed=0", "tracker=none", "eval.jobs=[regbench]", "eval.regbench.instances=20",
+       "resources.nodes=2", f"train.steps={STEPS}", "train.checkpoint_every=20"]
 COMPARED = ("final_loss", "train_flops", "train_tokens", "final_layers", "steps")
 
 

@@ -13,7 +13,7 @@ from orchestrator.upgrade import upgrade
 from store.layout import FORMAT_VERSION, OWNER
 from store.store import Store
 
-FIXTURE = Path(__file__).parent / "data" / "store_v3"
+FIXTURE = Path(__file__).parent.parent / "data" / "store_v3"
 SWEEP = "fixture"
 
 

@@ -326,7 +326,8 @@ def test_a_derive_that_writes_another_section_is_refused(tmp_path, reach, messag
             f"        compose_run(['family=greedy', 'family.reach={reach}', 'size=micro'])\n"
             "    except ConfigError as e:\n"
             "        print(e)\n")
+    plugins = str(Path(__file__).parents[1] / "plugins")
     env = {**os.environ, "ORCHESTRATOR_PLUGINS": "greedy_family", "ORCHESTRATOR_CONF_DIR": str(conf),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "plugins"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([plugins, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert re.match(message, out.stdout), out.stdout + out.stderr

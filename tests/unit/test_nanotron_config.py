@@ -3,6 +3,7 @@ nanotron is told, and the attention implementation (rendered and validated). nan
 on our rendered configs: tests/e2e/test_nanotron_loader.py."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -55,7 +56,9 @@ def test_attn_implementation_is_rendered_and_validated():
             "backend.nanotron.attn_implementation=xformers: not allowed; choose one of: "
             "flash_attention_2, sdpa, flex_attention")):
         compose("dense-360m", "backend.nanotron.attn_implementation=xformers")
-    cfg.backend.nanotron.attn_implementation = "xformers"     # past composition: the render refuses it
+    # Past composition (a config built by hand), the render refuses it.
+    nanotron = dataclasses.replace(cfg.backend.nanotron, attn_implementation="xformers")
+    cfg = dataclasses.replace(cfg, backend=dataclasses.replace(cfg.backend, nanotron=nanotron))
     with pytest.raises(schema.SchemaError, match=re.escape(
             "model.model_config._attn_implementation=xformers: nanotron accepts flash_attention_2, sdpa, "
             "flex_attention")):

@@ -79,8 +79,10 @@ def test_planning_refuses_bad_nanotron_configs(overrides, needle):
 
 
 def test_dry_run_prints_valid_yaml_and_torchrun_per_stage(tmp_path, capsys):
+    # Ray started on this machine with 8 (fake) GPUs and jobs small enough for its CPUs and memory:
+    # the dry run passes the same preflight as the sweep it shows.
     argv = ["sweep", "--dry-run", "backend=nanotron", "size=360m", "family=lidas,dense", "seed=0",
-            f"store.root={tmp_path / 'store'}"]
+            "cluster.num_gpus=8", "resources.cpus=1", "resources.memory_gb=1", f"store.root={tmp_path / 'store'}"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     blocks = re.findall(r"^# stage \d+: (\d+) layers.*?\n(.*?)\n# command:\n(.*?)$", out, re.S | re.M)
