@@ -17,11 +17,15 @@ TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 setup: $(STAMP)
 
 # torch first, pinned and from TORCH_INDEX: the project's requirements then find it installed.
+# The project is installed editable as a path entry (compat): setuptools' default editable finder
+# is consulted after sys.path, where a folder of the working directory named like one of our
+# packages (a results store at store.root=store, a config/ folder) would shadow it.
+EDITABLE := --config-settings editable_mode=compat
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_FROM) $(TORCH)
-	$(PY) -m pip install --quiet -c requirements.lock -e '.[test]'
+	$(PY) -m pip install --quiet -c requirements.lock $(EDITABLE) -e '.[test]'
 	touch $(STAMP)
 
 run: setup
@@ -54,7 +58,7 @@ test: lint nanotron-env
 # docs/performance/<script>.md, which docs/performance.md includes.
 BENCH_MD := docs/performance
 bench: setup
-	$(PY) -m pip install --quiet -c requirements.lock -e '.[bench]'
+	$(PY) -m pip install --quiet -c requirements.lock $(EDITABLE) -e '.[bench]'
 	$(PY) bench/sweep_efficiency.py --markdown $(BENCH_MD)/sweep_efficiency.md
 	$(PY) bench/trainer_speed.py --markdown $(BENCH_MD)/trainer_speed.md
 	$(PY) bench/analysis_speed.py --markdown $(BENCH_MD)/analysis_speed.md

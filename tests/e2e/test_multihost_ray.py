@@ -25,7 +25,7 @@ from orchestrator.config import compose_run, hydra_session
 # a kill after step 40 lands between checkpoints with most of the run still to do.
 STEPS = 120
 RUN = ["size=micro", "family=lidas", "seed=0", "tracker=none", "eval.jobs=[regbench]", "eval.regbench.instances=20",
-       "resources.nodes=2", f"train.steps={STEPS}", "train.checkpoint_every=20"]
+       "eval.resources.memory_gb=1", "resources.nodes=2", f"train.steps={STEPS}", "train.checkpoint_every=20"]
 COMPARED = ("final_loss", "train_flops", "train_tokens", "final_layers", "steps")
 
 

@@ -33,7 +33,7 @@ from store.store import DONE, Store
 
 STEPS = 200
 RUN = ["size=micro", "family=lidas", "seed=0", "tracker=none", "eval.jobs=[regbench]", "eval.regbench.instances=20",
-       "resources.nodes=2", f"train.steps={STEPS}", "train.checkpoint_every=20"]
+       "eval.resources.memory_gb=1", "resources.nodes=2", f"train.steps={STEPS}", "train.checkpoint_every=20"]
 SETUP = f'cluster.setup=["export PATH={BIN}:$PATH"]'
 ALLOCATION = ["cluster=slurm", "cluster.nodes=2", "cluster.cpus_per_node=1", "cluster.mem_gb=2",
               "cluster.time=00:10:00", SETUP]
@@ -216,8 +216,8 @@ def test_a_host_lost_inside_a_two_host_allocation_resumes_on_resubmission(bed):
 def test_array_tasks_land_on_different_hosts(bed):
     store, name = bed.shared("array"), "array"
     out = submit(bed, store, name, "size=micro", "family=dense,looped", "seed=0", "tracker=none",
-                 "eval.jobs=[regbench]", "eval.regbench.instances=20", "cluster=slurm_array",
-                 "cluster.time=00:10:00", SETUP)
+                 "eval.jobs=[regbench]", "eval.regbench.instances=20", "eval.resources.memory_gb=1",
+                 "cluster=slurm_array", "cluster.time=00:10:00", SETUP)
     assert "submitted Slurm array job" in out and "report job" in out, out
     wait_for(lambda: over(bed, store, name), timeout=300)
     runs = Store(store).read_sweep(name)["run_ids"]

@@ -93,11 +93,11 @@ def test_allocation_with_ray_cancel_midway_and_resubmit_resumes(slurm_cluster, t
     the same command resubmits, trains only the rest, and the report appears. An override
     full of shell syntax reaches the driver intact and never runs."""
     store, name, marker = tmp_path / "store", "slurm-ray", tmp_path / "pwned"
-    # 240 steps (about 5 s a training here, more under load) leave the scancel time to land
+    # 600 steps (about 10 s a training here, more under load) leave the scancel time to land
     # between trainings.
     # Both checkpoints kept as training left them (store.keep_checkpoints=last_two), so their
     # unchanged files show that nothing finished was retrained.
-    args = ["family=dense,lidas,looped", "seed=0", "train.steps=240", "cluster=slurm",
+    args = ["family=dense,lidas,looped", "seed=0", "train.steps=600", "cluster=slurm",
             "cluster.cpus_per_node=1", "store.keep_checkpoints=last_two",
             "cluster.mem_gb=3", "cluster.gpus_per_node=1",
             f"tracker.project={hydra_quoted(NASTY.format(marker=marker))}"]
@@ -201,10 +201,10 @@ def test_bad_slurm_values_fail_before_anything_with_exit_2(tmp_path, capsys):
                             ("cluster.nodes=0", "cluster.nodes=0: must be >= 1")):
         assert main(["sweep", "size=micro", "family=dense", "seed=0", "cluster=slurm",
                      f"store.root={tmp_path}", override]) == 2
-        assert words in capsys.readouterr().out
+        assert words in capsys.readouterr().err
     assert main(["sweep", "size=micro", "family=dense", "seed=0", "cluster=slurm",
                  f"store.root={tmp_path}", "--name", "a b"]) == 2
-    assert "--name 'a b'" in capsys.readouterr().out
+    assert "--name 'a b'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 
@@ -222,7 +222,7 @@ def test_cancel_of_a_local_sweep_says_there_is_nothing_to_cancel(tmp_path, capsy
     assert "nothing to cancel" in capsys.readouterr().out
     assert "slurm_jobs" not in store.read_sweep("local-one")
     assert main(["cancel", "nope", "--store", str(tmp_path)]) == 2  # a store error
-    assert "no sweep named 'nope'" in capsys.readouterr().out
+    assert "no sweep named 'nope'" in capsys.readouterr().err
 
 
 def test_an_allocation_slurm_could_never_start_is_refused_with_the_keys_to_lower(slurm_cluster, tmp_path, capsys):
@@ -236,7 +236,7 @@ def test_an_allocation_slurm_could_never_start_is_refused_with_the_keys_to_lower
               "lower resources.memory_gb (or eval.resources.memory_gb) (asks 4096, its nodes have at most"))
     for overrides, words in cases:
         code = main(["sweep", *MICRO, "family=dense,lidas", "seed=0", f"store.root={store}", *overrides])
-        out = capsys.readouterr().out
+        out = capsys.readouterr().err
         assert code == 2 and words in out and "Slurm would never start" in out, out
         assert len(out.strip().splitlines()) == 1 and not store.exists()
 

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 import analysis
+from analysis.load import load_history
 from orchestrator.cli import main
 from orchestrator.upgrade import upgrade
 from store.layout import FORMAT_VERSION, OWNER
@@ -30,7 +31,7 @@ def files(root: Path) -> dict[str, bytes]:
 
 def tables(root: Path) -> dict[str, pd.DataFrame]:
     return {"values": analysis.load(root, SWEEP), "runs": analysis.load_runs(root, SWEEP),
-            "items": analysis.load_items(root, SWEEP), "history": analysis.load_history(root, SWEEP)}
+            "items": analysis.load_items(root, SWEEP), "history": load_history(root, SWEEP)}
 
 
 def test_upgrade_rewrites_only_store_json_and_the_analysis_reads_the_same_rows(v3):
