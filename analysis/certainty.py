@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.compute import Analysis, confirmatory_rows, family_size, in_report_order, primary
+from analysis.compute import Analysis, confirmatory_rows, family_size, in_report_order, job_seconds_columns, primary
 from analysis.sequential import plan_comparisons
-from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
+from analysis.load import JOB_SECONDS, KEY_COLUMNS, VALUE_COLUMNS
 from analysis.stats import BOOT_NOMINAL_N, BOOT_RELIABLE_N, DECIDED, SEEDS_MAX, p_min_mannwhitney, p_min_signflip
 from analysis.text import (EARLY_MEANING, LISTED_RUNS, has, have, level_text, margins, md_table, num, seeds_needed_text,
                            seeds_text, text,
@@ -43,7 +43,35 @@ def setup_section(analysis: Analysis) -> list[str]:
         " still under nominal there)",
         f"- Equivalence margin and planning gap: delta_min = {margins(o.delta_min)}",
         f"- Analysis seed: {o.seed}",
+        *_time_lines(analysis),
     ]
+
+
+EVAL_SHARE_NOTED = 0.25  # an evaluation taking more of a run than this is pointed out
+
+
+def _time_lines(analysis: Analysis) -> list[str]:
+    """How long a run's jobs took: the median over the done runs of each job's seconds, and each
+    evaluation's share of the run (its jobs' sum), so that an evaluation that costs as much as
+    training is seen. Nothing for a store that recorded no job times."""
+    columns = job_seconds_columns(analysis)
+    done = analysis.runs[analysis.runs["status"] == "done"]
+    if not columns or done.empty:
+        return []
+    median = done[columns].median()
+    share = (done[columns].div(done[columns].sum(axis=1), axis=0)).median()
+    parts = []
+    for column in columns:
+        job = column.removeprefix(JOB_SECONDS)
+        if pd.isna(median[column]):
+            continue
+        part = f"{job} {median[column]:.3g} s"
+        if job != "train":
+            part += f" ({share[column]:.0%} of the run" + (", more than a quarter" if share[column] > EVAL_SHARE_NOTED
+                                                          else "") + ")"
+        parts.append(part)
+    return [f"- Time per run (median over the {len(done)} done runs; a resumed job counts from its last start):"
+            f" {'; '.join(parts)}"]
 
 
 def _alpha_line(analysis: Analysis) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.load import RunFileReader, Selection, load_paper_flops, load_sweep
+from analysis.load import JOB_SECONDS, RunFileReader, Selection, load_paper_flops, load_sweep
 from analysis.sequential import DECIDING_COLUMNS, FINAL, comparison_key, rule_decisions
 from analysis.stats import BETTER, EQUIVALENT_VERDICTS, N_BOOT, NEGLIGIBLE, WORSE, cell_keys, compare, summarize
 from analysis.text import where
@@ -158,14 +158,22 @@ def decided(comparisons: pd.DataFrame, looks: list[dict], keys: list[str]) -> pd
 def results_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     """The report's tidy tables by name (TABLES), each with the sweep's name first: the files
     results/<name>.parquet and results/<name>.csv hold them."""
+    timing = ["run_id", *job_seconds_columns(analysis)]  # per run, on each of its rows
+    done = analysis.values.assign(status="done").merge(analysis.runs[timing], on="run_id", how="left")
     not_done = analysis.runs[analysis.runs["status"] != "done"]
-    tables = {"runs": pd.concat([analysis.values.assign(status="done"), not_done], ignore_index=True),
+    tables = {"runs": pd.concat([done, not_done], ignore_index=True),
               "cells": analysis.cells, "comparisons": analysis.comparisons}
     return {name: table.assign(sweep=analysis.sweep)[["sweep", *(c for c in table.columns if c != "sweep")]]
             for name, table in tables.items()}
 
 
 # ---- derived tables the report's parts share ---------------------------------------------------
+
+def job_seconds_columns(analysis: Analysis) -> list[str]:
+    """The run table's columns of job durations (analysis/load.py JOB_SECONDS), train first."""
+    columns = [c for c in analysis.runs.columns if c.startswith(JOB_SECONDS)]
+    return sorted(columns, key=lambda c: (c != f"{JOB_SECONDS}train", c))
+
 
 def families(analysis: Analysis) -> list[str]:
     """The baseline first, then the other families alphabetically."""

@@ -18,6 +18,7 @@ cannot be parsed as "corrupt".
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ KEY_COLUMNS = ["run_id", "sweep", "family", "size", "seed"]
 VALUE_COLUMNS = ["metric", "value", "higher_is_better"]
 ITEM_COLUMNS = ["metric", "item_id", "score", "weight"]
 RUN_KEYS = ["run_id", "family", "size", "seed"]
+JOB_SECONDS = "seconds."  # prefix of the run table's columns of job durations: seconds.train, ...
 # Config keys that become the key columns; every other varying key is reported as a dotted column.
 _KEY_CONFIG = {"seed": "seed", "family.name": "family", "model.name": "size"}
 
@@ -115,6 +117,17 @@ RunFileReader = Callable[[str, str], Any]
 when it cannot be parsed (common/atomic.py `read_json`)."""
 
 
+def _job_seconds(state: dict) -> dict[str, float]:
+    """Seconds from start to end of each finished job of a run (its last attempt: a job resumed
+    after an interruption counts from its resumption)."""
+    taken = {}
+    for job, entry in (state.get("jobs") or {}).items():
+        started, ended = entry.get("started_at"), entry.get("ended_at")
+        if entry.get("status") == "done" and started and ended:
+            taken[job] = (dt.datetime.fromisoformat(ended) - dt.datetime.fromisoformat(started)).total_seconds()
+    return taken
+
+
 def _state(read: RunFileReader, run_id: str) -> dict:
     """The run's state; no file yet is "pending", an unreadable one "corrupt" (listed, not fatal)."""
     try:
@@ -149,8 +162,10 @@ class Selection:
         self.table = self._run_table(membership)
 
     def _run_table(self, membership: dict[str, str | None]) -> pd.DataFrame:
-        """One row per selected run: key columns, status, error and its config group."""
+        """One row per selected run: key columns, status, error, its config group, and the
+        seconds each of its jobs took (`seconds.<job>`, NaN for a job not run)."""
         columns: dict[str, list] = {c: [] for c in [*KEY_COLUMNS, "status", "error", "group"]}
+        seconds: list[dict[str, float]] = []
         for run_id, run_sweep in membership.items():
             state = _state(self.read, run_id)
             group, seed = self.configs.of_run[run_id]
@@ -159,7 +174,11 @@ class Selection:
                                   ("size", flat.get("model.name")), ("seed", seed), ("status", state.get("status")),
                                   ("error", state.get("error")), ("group", group)):
                 columns[column].append(value)
+            seconds.append(_job_seconds(state))
         table = _frame(columns)
+        jobs = sorted({job for taken in seconds for job in taken})
+        for job in jobs:
+            table[f"{JOB_SECONDS}{job}"] = [taken.get(job, float("nan")) for taken in seconds]
         table["seed"] = table["seed"].astype("Int64")
         return table.sort_values(["family", "size", "seed", "run_id"], ignore_index=True)
 
@@ -275,7 +294,8 @@ def _files(directory: str) -> list[str]:
 def load_runs(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
     """Every selected run, whatever its status, so failed and unfinished runs can be reported.
 
-    Columns: run_id, sweep, family, size, seed, status, error.
+    Columns: run_id, sweep, family, size, seed, status, error, then `seconds.<job>` per job
+    that any of them finished (how long it took; NaN where it did not).
     """
     return Selection(store_root, sweep).runs()
 

@@ -241,3 +241,31 @@ def test_a_format_1_store_loads_without_specs(tmp_path):
     report = write_report(root, "old").read_text()
     assert "## Other metrics\n" in report  # recorded without sections
     assert "<summary>regbench_tvd (<code>regbench_tvd</code>, lower is better)</summary>" in report
+
+
+def test_job_times_are_columns_of_the_run_table_and_one_line_of_the_report(store):
+    """Each run's jobs' durations (state.json started_at to ended_at) are `seconds.<job>` in the run
+    table and results/runs, and the report's setup says the median per job and each evaluation's
+    share of the run."""
+    taken = {"d0": (80, 5), "d1": (90, 40), "l0": (70, 6), "l1": (60, 7)}
+    for run_id, (train_s, eval_s) in taken.items():
+        jobs = {"train": {"status": "done", "started_at": "2025-01-01T00:00:00+00:00",
+                          "ended_at": f"2025-01-01T00:{train_s // 60:02d}:{train_s % 60:02d}+00:00"},
+                "regbench": {"status": "done", "started_at": "2025-01-01T01:00:00+00:00",
+                             "ended_at": f"2025-01-01T01:00:{eval_s:02d}+00:00"}}
+        (store / "runs" / run_id / "state.json").write_text(json.dumps({"status": "done", "jobs": jobs}))
+    runs = load_runs(store, "a").set_index("run_id")
+    assert runs.loc["d1", "seconds.train"] == 90 and runs.loc["d1", "seconds.regbench"] == 40
+    assert pd.isna(runs.loc["l2", "seconds.train"])  # the failed run finished no job
+    report = write_report(store, "a").read_text()
+    (line,) = [line for line in report.splitlines() if line.startswith("- Time per run")]
+    # shares of the run: 5/85, 40/130, 6/76, 7/67 -> median (6/76 + 7/67) / 2 = 9%
+    assert line.endswith("train 75 s; regbench 6.5 s (9% of the run)"), line
+    written = pd.read_csv(store / "sweeps" / "a" / "results" / "runs.csv")
+    assert set(written.loc[written["run_id"] == "d1", "seconds.train"]) == {90}
+    for run_id in taken:  # every evaluation as long as half the training: pointed out
+        state = json.loads((store / "runs" / run_id / "state.json").read_text())
+        state["jobs"]["regbench"]["ended_at"] = "2025-01-01T01:00:45+00:00"
+        (store / "runs" / run_id / "state.json").write_text(json.dumps(state))
+    report = write_report(store, "a").read_text()
+    assert "regbench 45 s (38% of the run, more than a quarter)" in report
