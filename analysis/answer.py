@@ -38,13 +38,16 @@ def _together(analysis: Analysis, rows: pd.DataFrame) -> str:
 
 
 def headline_section(analysis: Analysis) -> list[str]:
-    """The confirmatory comparisons: each decisive one as a claim with its numbers, the others
-    grouped by what they lack (their numbers are in the claims table below)."""
+    """What was seen first (models that do not beat a reference estimator on a confirmatory metric;
+    which families formed the mechanism), so that nothing below is read as a finding about models
+    that lack it; then the confirmatory comparisons: each decisive one as a claim with its numbers,
+    the others grouped by what they lack (their numbers are in the claims table below)."""
     rows = confirmatory_rows(analysis)
-    lines = ["## Headline", ""]
+    lines = ["## Headline", "", *mechanism_lines(analysis)]
     if rows.empty:
-        return lines + ["No confirmatory comparison: the baseline or a second family has no finished runs"
-                        f" of {', '.join(analysis.primary_metrics)}.", *mechanism_lines(analysis)]
+        return lines + ["- No confirmatory comparison: the baseline or a second family has no finished runs"
+                        f" of {', '.join(analysis.primary_metrics)}."]
+    lines[2:2] = _reference_cautions(analysis)
     baseline, single = analysis.options.baseline, rows["single_seed"].astype(bool)
     lines += [f"- {_headline(row, analysis)}" for _, row in rows[rows["verdict"].isin([BETTER, WORSE])].iterrows()]
     equivalent = rows[rows["verdict"].isin(EQUIVALENT_VERDICTS)]
@@ -66,7 +69,7 @@ def headline_section(analysis: Analysis) -> list[str]:
         lines.append(f"- No test possible, fewer than 2 seeds: {_together(analysis, rows[single])}.")
     if rows["winners_curse"].astype(bool).any():
         lines.append(f"- {EARLY_MEANING}")
-    return lines + _reference_cautions(analysis) + mechanism_lines(analysis)
+    return lines
 
 
 def mechanism_lines(analysis: Analysis) -> list[str]:
@@ -100,14 +103,23 @@ def mechanism_lines(analysis: Analysis) -> list[str]:
 
 
 def _reference_cautions(analysis: Analysis) -> list[str]:
-    """Confirmatory metrics on which a model does not beat its first reference estimator: there
-    its comparisons say nothing about the claim."""
-    failing = pd.DataFrame(sorted(not_beating_references(analysis)), columns=["metric", "family", "at"])
-    failing = failing[failing["metric"].isin(analysis.primary_metrics)]
-    return [f"- Caution: {listed(list(group['family']))} at {at} {'does' if len(group) == 1 else 'do'} not beat the"
-            f" {analysis.label(analysis.spec_of(metric).references[0])} estimator on {analysis.label(metric)},"
-            " so comparisons on it are meaningless there."
-            for (metric, at), group in failing.groupby(["metric", "at"], sort=True)]
+    """Confirmatory metrics on which a model does not beat its first reference estimator (there
+    its comparisons say nothing about the claim), or beats it but not the second (there it
+    predicts no better than that estimator's counting, so its comparisons are not about
+    in-context learning beyond it)."""
+    first = set(not_beating_references(analysis, "first"))
+    second = set(not_beating_references(analysis, "second")) - first
+    lines = []
+    for failing, rank, meaning in ((first, 0, "so comparisons on it are meaningless there"),
+                                   (second, 1, "so there comparisons on it do not show in-context learning beyond"
+                                               " what that estimator counts")):
+        table = pd.DataFrame(sorted(failing), columns=["metric", "family", "at"])
+        table = table[table["metric"].isin(analysis.primary_metrics)]
+        lines += [f"- Caution: {listed(list(group['family']))} at {at} {'does' if len(group) == 1 else 'do'} not beat"
+                  f" the {analysis.label(analysis.spec_of(metric).references[rank])} estimator on"
+                  f" {analysis.label(metric)}, {meaning}."
+                  for (metric, at), group in table.groupby(["metric", "at"], sort=True)]
+    return lines
 
 
 def _paper_text(spec: MetricSpec, family: str, baseline: str) -> str:

@@ -234,9 +234,9 @@ def references(analysis: Analysis, metric: str) -> pd.DataFrame:
 def position(analysis: Analysis, metric: str) -> pd.DataFrame:
     """Per model cell (family, size, cell keys) of a metric with two or more references,
     (ref1 - model) / (ref1 - ref2) with ref1, ref2 its first two (weakest first): 0 = no better
-    than the first reference, 1 = as good as the second. `beats_first` is False when the model's
-    mean is not better than the first reference's."""
-    columns = ["family", "size", *analysis.keys, "model", "first", "position", "beats_first"]
+    than the first reference, 1 = as good as the second. `beats_first` (`beats_second`) is False
+    when the model's mean is not better than the first (second) reference's."""
+    columns = ["family", "size", *analysis.keys, "model", "first", "position", "beats_first", "beats_second"]
     names = analysis.spec_of(metric).references
     refs = references(analysis, metric)
     model = analysis.cells[analysis.cells["metric"] == metric].rename(columns={"mean": "model"})
@@ -249,15 +249,17 @@ def position(analysis: Analysis, metric: str) -> pd.DataFrame:
     span = (model["first"] - model["second"]).where(lambda s: s != 0)
     sign = 1 if analysis.spec_of(metric).higher_is_better else -1
     return model.assign(position=(model["first"] - model["model"]) / span,
-                        beats_first=sign * (model["model"] - model["first"]) > 0)[columns]
+                        beats_first=sign * (model["model"] - model["first"]) > 0,
+                        beats_second=sign * (model["model"] - model["second"]) > 0)[columns]
 
 
-def not_beating_references(analysis: Analysis) -> set[tuple[str, str, str]]:
-    """(metric, family, cell text) of the cells whose model does not beat its first reference."""
+def not_beating_references(analysis: Analysis, reference: str = "first") -> set[tuple[str, str, str]]:
+    """(metric, family, cell text) of the cells whose model does not beat its first (or, with
+    reference="second", its second) reference."""
     out = set()
     for metric in metrics(analysis):
         pos = position(analysis, metric)
-        failing = pos[~pos["beats_first"].astype(bool)]
+        failing = pos[~pos[f"beats_{reference}"].astype(bool)]
         out |= {(metric, row["family"], where(row, analysis.keys)) for _, row in failing.iterrows()}
     return out
 
