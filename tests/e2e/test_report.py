@@ -352,6 +352,8 @@ def test_headline_comes_first_and_matches_the_comparisons_table(store):
 def test_headline_states_decisive_claims(decisive_store):
     report = write_report(decisive_store, "demo").read_text()
     lines = section(report, "Headline").splitlines()
+    assert lines[1].startswith("- Caution: dense, lidas and looped at tiny do not beat the in-context bigram")
+    del lines[1]  # what was seen comes first; then the claims
     comparisons = analyse(decisive_store, "demo").comparisons.set_index("family")
     assert lines[1].startswith("- lidas beats dense on RegBench TVD at tiny: improvement +0.05 [")
     assert lines[2].startswith("- looped is worse than dense on RegBench TVD at tiny: improvement -0.04 [")
