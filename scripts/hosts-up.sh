@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Bring up a local multi-host test bed: N hosts node1..nodeN (default 3) on this machine, each
 # with its own network namespace (eth0 at $HOSTS_NET.K/24 on a private bridge), hostname and
-# mounts (private /tmp, /run, /dev/shm and /etc/hosts naming node1..N); the filesystem is
-# otherwise shared. No default route anywhere and no interface of the root namespace on the
-# bridge: nothing reaches or leaves the real network. Root only. Idempotent: a bed that is
+# mounts (private /tmp, /run, /dev/shm and /etc/hosts naming node1..N; a checkout under /tmp stays
+# visible at its path); the filesystem is otherwise shared. No default route anywhere and no
+# interface of the root namespace on the bridge: nothing reaches or leaves the real network. Root only. Idempotent: a bed that is
 # already up as asked is only checked; anything else (a half-built bed after a crash, other
 # settings) is torn down first (scripts/hosts-down.sh) and built again.
 # Settings: HOSTS_BED, HOSTS_N, HOSTS_NET, HOSTS_DIR (see scripts/hosts-lib.sh).
@@ -30,8 +30,12 @@ if ! command -v ip >/dev/null; then  # iproute2, as scripts/slurm-local-up.sh in
 fi
 for tool in ip nsenter unshare setsid mountpoint; do command -v $tool >/dev/null || die "$tool not found (iproute2, util-linux)"; done
 
+# A checkout under /tmp would be hidden on the hosts by their private /tmp: it is bound at the
+# same path inside each host's /tmp (in the host's own mount namespace: nothing leaks out).
+WANT_PROJECT=$(cd "$SCRIPTS/.." && pwd -P)
 healthy() {
-  [ -s "$RUN/settings" ] && [ "$N" = "$WANT_N" ] && [ "$NET" = "$WANT_NET" ] && [ "$DIR" = "$WANT_DIR" ] || return 1
+  [ -s "$RUN/settings" ] && [ "$N" = "$WANT_N" ] && [ "$NET" = "$WANT_NET" ] && [ "$DIR" = "$WANT_DIR" ] &&
+    [ "${PROJECT:-}" = "$WANT_PROJECT" ] || return 1
   [ -e "/run/netns/$BED-br" ] || return 1
   local k; for k in $(seq 1 "$N"); do host_up "$k" || return 1; done
   [ ! -e "/run/netns/$(netns $((N + 1)))" ]
@@ -45,7 +49,8 @@ if [ -e "$RUN" ] || ip netns list | grep -q "^$BED-"; then
   echo "hosts($BED): rebuilding (not up as asked, or left half-built)" >&2
   bash "$SCRIPTS/hosts-down.sh" >/dev/null
 fi
-N=$WANT_N; NET=$WANT_NET; DIR=$WANT_DIR
+N=$WANT_N; NET=$WANT_NET; DIR=$WANT_DIR; PROJECT=$WANT_PROJECT
+case "$PROJECT" in /tmp/*) UNDER_TMP=${PROJECT#/tmp/} ;; *) UNDER_TMP= ;; esac
 
 # On any failure from here on, leave nothing half-built.
 trap 'rc=$?; [ $rc = 0 ] || { echo "hosts($BED): up failed; tearing down" >&2; bash "$SCRIPTS/hosts-down.sh" >/dev/null 2>&1; }; exit $rc' EXIT
@@ -54,7 +59,7 @@ trap 'rc=$?; [ $rc = 0 ] || { echo "hosts($BED): up failed; tearing down" >&2; b
 mkdir -p "$RUN"
 mountpoint -q "$RUN" || mount --bind "$RUN" "$RUN"
 mount --make-private "$RUN"
-printf 'N=%s\nNET=%s\nDIR=%q\n' "$N" "$NET" "$DIR" > "$RUN/settings"
+printf 'N=%s\nNET=%s\nDIR=%q\nPROJECT=%q\n' "$N" "$NET" "$DIR" "$PROJECT" > "$RUN/settings"
 
 mkdir -p "$DIR/shared" "$DIR/log"
 chmod 755 "$DIR"
@@ -82,11 +87,12 @@ for k in $(seq 1 "$N"); do
   nsenter --net="/run/netns/$ns" unshare --uts="$RUN/node$k.uts" --mount="$RUN/node$k.mnt" \
     --propagation private sh -ec '
       hostname "node$1"
-      mount --bind "$2/node$1/tmp" /tmp
+      if [ -n "$4" ]; then mkdir -p "$2/node$1/tmp/$4"; mount --bind "$3" "$2/node$1/tmp/$4"; fi
+      mount --rbind "$2/node$1/tmp" /tmp
       mount -t tmpfs -o mode=755 "run-node$1" /run
       mkdir -p /run/lock && chmod 1777 /run/lock
       mount -t tmpfs -o mode=1777 "shm-node$1" /dev/shm
-      mount --bind "$2/hosts" /etc/hosts' sh "$k" "$DIR"
+      mount --bind "$2/hosts" /etc/hosts' sh "$k" "$DIR" "$PROJECT" "$UNDER_TMP"
 done
 for k in $(seq 1 "$N"); do host_up "$k" || die "host node$k did not come up"; done
 for k in $(seq 1 "$N"); do
