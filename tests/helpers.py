@@ -68,6 +68,17 @@ def running_train(root: Path, min_layers: int = 1, min_checkpoints: int = 1) -> 
     return None
 
 
+def resumes_after_interrupt(root: Path, *overrides: str) -> None:
+    """The store's one run was interrupted in training, and the same command resumes it: done,
+    with a second attempt of its train job."""
+    (state_file,) = root.glob("runs/*/state.json")
+    assert json.loads(state_file.read_text())["jobs"]["train"]["status"] == "interrupted"
+    resumed = sweep(root, *overrides)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    state = json.loads(state_file.read_text())
+    assert state["status"] == "done" and state["jobs"]["train"]["attempts"] == 2
+
+
 def claims_free(root: Path) -> bool:
     store = Store(root)
     return not any(store.is_claimed(rid) for rid in store.run_ids())

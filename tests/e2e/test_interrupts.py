@@ -1,14 +1,13 @@
 """Ctrl-C on a driver whose output is piped (`sweep ... | tee log`): the terminal sends SIGINT to
 the whole foreground process group, so `tee` dies with the driver's jobs and the driver's next
 write meets a broken pipe. The driver still marks its running job interrupted and exits 130, and
-the same command resumes, as in a terminal (tests/test_sweep_e2e.py presses Ctrl-C there)."""
-import json
+the same command resumes, as in a terminal (tests/e2e/test_sweep_e2e.py presses Ctrl-C there)."""
 import os
 import shlex
 import signal
 import subprocess
 
-from helpers import CLI, running_train, sweep, wait_for
+from helpers import CLI, resumes_after_interrupt, running_train, wait_for
 
 LONG = ["size=micro", "family=lidas", "seed=0", "train.steps=400", "train.checkpoint_every=40",
         "cluster.num_cpus=1", "eval.jobs=[regbench]", "tracker=none"]
@@ -26,9 +25,4 @@ def test_ctrl_c_with_output_piped_to_tee_interrupts_and_the_same_command_resumes
     os.killpg(group.pid, signal.SIGINT)
     assert group.wait(timeout=120) == 0
     assert code.read_text().strip() == "130", log.read_text()
-    (state_file,) = root.glob("runs/*/state.json")
-    assert json.loads(state_file.read_text())["jobs"]["train"]["status"] == "interrupted"
-    resumed = sweep(root, *LONG)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    state = json.loads(state_file.read_text())
-    assert state["status"] == "done" and state["jobs"]["train"]["attempts"] == 2
+    resumes_after_interrupt(root, *LONG)

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import pandas as pd
 import pytest
 import yaml
-from helpers import CLI, metrics, running_train, start_sweep, sweep, wait_for
+from helpers import CLI, metrics, resumes_after_interrupt, running_train, start_sweep, sweep, wait_for
 
 from jobs.evals import EVALUATIONS
 from store import index
@@ -137,12 +137,7 @@ def test_ctrl_c_marks_jobs_interrupted_and_the_same_command_resumes(tmp_path):
     out, _ = driver.communicate(timeout=120)
     assert driver.returncode == 130, out
     assert "interrupted" in out
-    (state_file,) = root.glob("runs/*/state.json")
-    assert json.loads(state_file.read_text())["jobs"]["train"]["status"] == "interrupted"
-    resumed = sweep(root, *LONG)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    state = json.loads(state_file.read_text())
-    assert state["status"] == "done" and state["jobs"]["train"]["attempts"] == 2
+    resumes_after_interrupt(root, *LONG)
 
 
 def test_adaptive_sweep_runs_declared_looks_and_records_each(tmp_path):
