@@ -201,8 +201,9 @@ def how_to_read_section(analysis: Analysis) -> list[str]:
         " the seeds are strongly skewed (marked 'skewed', judged from 5 seeds) the promise fails: coverage"
         " drops to about 82-92%.",
         "- **Hierarchical p** is one-sided: it tests 'no improvement' (improvement <= 0) against 'an"
-        " improvement', from the one-sided tail of the studentised hierarchical bootstrap, unlike the two-sided"
-        " p-values beside it.",
+        " improvement', unlike the two-sided p-values beside it. The gap is divided by its seed and item"
+        " standard errors together (the item part from the hierarchical bootstrap) and read against"
+        " Student's t with the seeds' degrees of freedom, so it is never below the one-sided paired t's p.",
         "- **Improvement** is > 0 when the candidate is better, for every metric (the difference signed by the"
         " metric's direction); the raw difference beside it is candidate minus baseline in the metric's own"
         " units, paired by seed when pairing is paired.",

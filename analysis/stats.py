@@ -53,7 +53,7 @@ BOOT_MAX_N = 2_000
 PERMUTATION_BATCH = 2**24  # values of sign-flip resamples held at once (128 MB), for large cells
 SKEW_MIN_N = 5  # below this sample skewness cannot be told apart from normal noise: never flagged
 SKEW_STRONG = 1.0  # |skewness| above 1 is "highly skewed" (Bulmer's rule of thumb)
-HB_P_SIDED = "one-sided"  # hb_p is the share of draws with delta <= 0: a one-sided p-value
+HB_P_SIDED = "one-sided"  # hb_p is the p of "improvement <= 0" (analysis.bootstrap.studentised_p)
 IQM_MIN_N = 4  # with 3 seeds the 25% trimmed mean is the mean
 SEEDS_MAX = 50  # seeds_needed above this is reported as SEEDS_MAX + 1: "> 50"
 EXACT_PERMUTATIONS = 100_000  # enumerate sign flips exactly while 2^n stays below this
@@ -556,8 +556,10 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
     Reference (ngram*) metrics and metrics without a declared direction are not compared.
     With `items` (the table of `analysis.load_items`), hb_* are the hierarchical seed x item bootstrap
     of `analysis.multibootstrap` with n_boot draws: percentile interval at 1 - alpha, hb_p and the
-    seed and item parts of its spread; NaN for metrics without items. hb_p is one-sided (the share of
-    draws with delta <= 0), unlike the two-sided p_value beside it: hb_p_sided says so ("one-sided").
+    seed and item parts of its spread; NaN for metrics without items. hb_p is one-sided (the p of
+    "improvement <= 0": the gap over its seed and item standard errors, against Student's t with the
+    seeds' df, `analysis.bootstrap.studentised_p`), unlike the two-sided p_value beside it: hb_p_sided
+    says so ("one-sided").
     The item table gets its cell keys from `df` by run_id when it lacks them.
     diff_skewed flags comparisons whose paired differences (unpaired: either family's seed values) are
     strongly skewed (`is_skewed`), where the t-interval may cover less than its level.
