@@ -118,7 +118,8 @@ def _undecided_lines(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
     if undecided.empty:
         return ["- **Seeds needed:** none; every confirmatory comparison has a verdict."]
     table = [[f"{row['family']} vs {row['baseline']}, {analysis.label(row['metric'])}, {where(row, analysis.keys)}",
-              str(have(row)), f"{row['delta_min']:g}", seeds_needed_text(row["seeds_needed"]),
+              str(have(row)), "none declared" if pd.isna(row["delta_min"]) else f"{row['delta_min']:g}",
+              seeds_needed_text(row["seeds_needed"]),
               seeds_needed_text(row["seeds_needed_conservative"]), seeds_needed_text(row["seeds_needed_observed"])]
              for _, row in undecided.iterrows()]
     return ["- **Seeds needed** for 80% power, per undecided confirmatory comparison (planning estimates, not"
