@@ -9,12 +9,13 @@ from typing import Callable
 import pandas as pd
 from scipy import stats
 
-from analysis.compute import (Analysis, confirmatory_rows, families, in_report_order, metrics, not_beating_references,
-                              seed_means)
+from analysis.compute import (Analysis, confirmatory_rows, families, in_report_order, metrics, missing_rows,
+                              not_beating_references, seed_means)
 from analysis.sequential import FUTILE
 from analysis.stats import BETTER, DECIDED, EQUIVALENT_VERDICTS, WORSE
 from analysis.text import (EARLY_MEANING, IMPROVEMENT, RAW, decided_by, decision_text, improvement_text, level_text,
-                           listed, margins, md_table, num, p_text, raw_text, seeds, seeds_text, signed, where)
+                           listed, margins, md_table, missing_text, num, p_text, raw_text, seeds, seeds_text, signed,
+                           where)
 from common.metrics import MetricSpec
 
 
@@ -44,7 +45,8 @@ def headline_section(analysis: Analysis) -> list[str]:
     lines = ["## Headline", ""]
     if rows.empty:
         return lines + ["No confirmatory comparison: the baseline or a second family has no finished runs"
-                        f" of {', '.join(analysis.primary_metrics)}.", *mechanism_lines(analysis)]
+                        f" of {', '.join(analysis.primary_metrics)}.", *_missing_lines(analysis),
+                        *mechanism_lines(analysis)]
     baseline, single = analysis.options.baseline, rows["single_seed"].astype(bool)
     lines += [f"- {_headline(row, analysis)}" for _, row in rows[rows["verdict"].isin([BETTER, WORSE])].iterrows()]
     equivalent = rows[rows["verdict"].isin(EQUIVALENT_VERDICTS)]
@@ -66,7 +68,14 @@ def headline_section(analysis: Analysis) -> list[str]:
         lines.append(f"- No test possible, fewer than 2 seeds: {_together(analysis, rows[single])}.")
     if rows["winners_curse"].astype(bool).any():
         lines.append(f"- {EARLY_MEANING}")
-    return lines + _reference_cautions(analysis) + mechanism_lines(analysis)
+    return lines + _missing_lines(analysis) + _reference_cautions(analysis) + mechanism_lines(analysis)
+
+
+def _missing_lines(analysis: Analysis) -> list[str]:
+    """The confirmatory metrics' cells with finished runs that have no value (NaN, or not recorded):
+    the comparisons use the other seeds, and the headline names the runs left out."""
+    return [f"- Left out for a missing or NaN value: {missing_text(row, analysis.keys)}."
+            for _, row in missing_rows(analysis, analysis.primary_metrics).iterrows()]
 
 
 def mechanism_lines(analysis: Analysis) -> list[str]:

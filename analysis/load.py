@@ -227,6 +227,11 @@ class Selection:
         keyed = self.done[KEY_COLUMNS].merge(self.results.values, on="run_id", how="inner")
         return keyed.merge(self.varying_config(), left_on="run_id", right_index=True, how="left")
 
+    def done_runs(self) -> pd.DataFrame:
+        """One row per finished run, whatever it recorded: its key columns and the config keys that
+        vary (as in `values`), so a run lacking a metric can be named in its cell."""
+        return self.done[KEY_COLUMNS].merge(self.varying_config(), left_on="run_id", right_index=True, how="left")
+
     def items(self) -> pd.DataFrame:
         keys = ["run_id", "family", "size", "seed"]
         frames = [pd.read_parquet(path).assign(run_id=run_id)

@@ -174,3 +174,17 @@ def seeds(row: pd.Series) -> str:
 def seeds_needed_text(n: float) -> str:
     """A planned seed count; "unknown" where its inputs (seed noise, gap) are unknown."""
     return "unknown" if pd.isna(n) else seeds_text(n)
+
+MISSING_LISTED = 20  # run ids named per cell in the report's lines on missing values
+
+def missing_text(row: pd.Series, keys: tuple[str, ...]) -> str:
+    """A cell's runs without a value of its metric (a row of `analysis.compute.missing_values`), as in
+    "lidas at tiny: 2 of 8 seeds have no induction_max: run ids abc123 (seed 3, NaN), def456 (seed 5,
+    not recorded)"; the first MISSING_LISTED are named."""
+    named = [f"{run} (seed {text(seed)}, {'NaN' if nan else 'not recorded'})"
+             for run, seed, nan in list(zip(row["run_ids"], row["seeds"], row["nan"]))[:MISSING_LISTED]]
+    more = row["n_missing"] - len(named)
+    verb = "has" if row["n_missing"] == 1 else "have"
+    return (f"{row['family']} at {where(row, keys)}: {row['n_missing']} of {row['n_runs']} seeds {verb} no"
+            f" {row['metric']}: run id{'s' if row['n_missing'] > 1 else ''} {', '.join(named)}"
+            + (f" and {more} more" if more > 0 else ""))
