@@ -9,12 +9,13 @@ from typing import Callable
 import pandas as pd
 from scipy import stats
 
-from analysis.compute import (Analysis, confirmatory_rows, families, in_report_order, metrics, not_beating_references,
-                              seed_means)
+from analysis.compute import (Analysis, confirmatory_rows, families, in_report_order, metrics, missing_rows,
+                              not_beating_references, seed_means)
 from analysis.sequential import FUTILE
 from analysis.stats import BETTER, DECIDED, EQUIVALENT_VERDICTS, WORSE
 from analysis.text import (EARLY_MEANING, IMPROVEMENT, RAW, decided_by, decision_text, improvement_text, level_text,
-                           listed, margins, md_table, num, p_text, raw_text, seeds, seeds_text, signed, where)
+                           listed, margins, md_table, missing_text, num, p_text, raw_text, seeds, seeds_text, signed,
+                           where)
 from common.metrics import MetricSpec
 
 
@@ -38,16 +39,16 @@ def _together(analysis: Analysis, rows: pd.DataFrame) -> str:
 
 
 def headline_section(analysis: Analysis) -> list[str]:
-    """What was seen first (models that do not beat a reference estimator on a confirmatory metric;
-    which families formed the mechanism), so that nothing below is read as a finding about models
-    that lack it; then the confirmatory comparisons: each decisive one as a claim with its numbers,
+    """What was seen first (models that do not beat a reference estimator on a confirmatory metric,
+    runs left out for a missing value, which families formed the mechanism), so that nothing below
+    is read as a finding about models that lack it; then the confirmatory comparisons: each decisive one as a claim with its numbers,
     the others grouped by what they lack (their numbers are in the claims table below)."""
     rows = confirmatory_rows(analysis)
     lines = ["## Headline", "", *mechanism_lines(analysis)]
     if rows.empty:
         return lines + ["- No confirmatory comparison: the baseline or a second family has no finished runs"
-                        f" of {', '.join(analysis.primary_metrics)}."]
-    lines[2:2] = _reference_cautions(analysis)
+                        f" of {', '.join(analysis.primary_metrics)}.", *_missing_lines(analysis)]
+    lines[2:2] = _reference_cautions(analysis) + _missing_lines(analysis)
     baseline, single = analysis.options.baseline, rows["single_seed"].astype(bool)
     lines += [f"- {_headline(row, analysis)}" for _, row in rows[rows["verdict"].isin([BETTER, WORSE])].iterrows()]
     equivalent = rows[rows["verdict"].isin(EQUIVALENT_VERDICTS)]
@@ -70,6 +71,13 @@ def headline_section(analysis: Analysis) -> list[str]:
     if rows["winners_curse"].astype(bool).any():
         lines.append(f"- {EARLY_MEANING}")
     return lines
+
+
+def _missing_lines(analysis: Analysis) -> list[str]:
+    """The confirmatory metrics' cells with finished runs that have no value (NaN, or not recorded):
+    the comparisons use the other seeds, and the headline names the runs left out."""
+    return [f"- Left out for a missing or NaN value: {missing_text(row, analysis.keys)}."
+            for _, row in missing_rows(analysis, analysis.primary_metrics).iterrows()]
 
 
 def mechanism_lines(analysis: Analysis) -> list[str]:

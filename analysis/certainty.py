@@ -146,7 +146,8 @@ def _undecided_lines(analysis: Analysis, rows: pd.DataFrame) -> list[str]:
     if undecided.empty:
         return ["- **Seeds needed:** none; every confirmatory comparison has a verdict."]
     table = [[f"{row['family']} vs {row['baseline']}, {analysis.label(row['metric'])}, {where(row, analysis.keys)}",
-              str(have(row)), f"{row['delta_min']:g}", seeds_needed_text(row["seeds_needed"]),
+              str(have(row)), "none declared" if pd.isna(row["delta_min"]) else f"{row['delta_min']:g}",
+              seeds_needed_text(row["seeds_needed"]),
               seeds_needed_text(row["seeds_needed_conservative"]), seeds_needed_text(row["seeds_needed_observed"])]
              for _, row in undecided.iterrows()]
     return ["- **Seeds needed** for 80% power, per undecided confirmatory comparison (planning estimates, not"
@@ -229,8 +230,9 @@ def how_to_read_section(analysis: Analysis) -> list[str]:
         " the seeds are strongly skewed (marked 'skewed', judged from 5 seeds) the promise fails: coverage"
         " drops to about 82-92%.",
         "- **Hierarchical p** is one-sided: it tests 'no improvement' (improvement <= 0) against 'an"
-        " improvement', from the one-sided tail of the studentised hierarchical bootstrap, unlike the two-sided"
-        " p-values beside it.",
+        " improvement', unlike the two-sided p-values beside it. The gap is divided by its seed and item"
+        " standard errors together (the item part from the hierarchical bootstrap) and read against"
+        " Student's t with the seeds' degrees of freedom, so it is never below the one-sided paired t's p.",
         "- **Improvement** is > 0 when the candidate is better, for every metric (the difference signed by the"
         " metric's direction); the raw difference beside it is candidate minus baseline in the metric's own"
         " units, paired by seed when pairing is paired.",

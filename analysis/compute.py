@@ -56,6 +56,7 @@ class Analysis:
     metric_specs: dict[str, MetricSpec]
     curve_specs: dict[str, CurveSpec]
     paper_flops: pd.DataFrame  # the paper-scale FLOPs table the orchestrator stored
+    missing: pd.DataFrame  # finished runs without a finite value of a metric their cell records (`missing_values`)
 
     @property
     def primary_metrics(self) -> tuple[str, ...]:
@@ -115,7 +116,38 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
                                     n_boot=HB_FINAL), spec.get("looks") or [], keys),
         options=options, keys=tuple(keys), history=selection.history(),
         curves={name: selection.curves(name) for name, c in curve_specs.items() if c.kind != "data"},
-        metric_specs=metric_specs, curve_specs=curve_specs, paper_flops=load_paper_flops(store_root, sweep))
+        metric_specs=metric_specs, curve_specs=curve_specs, paper_flops=load_paper_flops(store_root, sweep),
+        missing=missing_values(selection.done_runs(), values, keys))
+
+
+MISSING_COLUMNS = ["family", "size", "metric", "n_runs", "n_missing", "run_ids", "seeds", "nan"]
+
+
+def missing_values(done: pd.DataFrame, values: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The cells whose finished runs lack a finite value of a metric: per (family, size, cell keys,
+    metric), n_runs (the cell's finished runs), n_missing, and the run_ids, seeds and nan (True:
+    recorded as NaN; False: not recorded at all) of those lacking it, sorted by seed and run id.
+
+    A metric is expected of every finished run at a (size, cell keys) where any run, of any family,
+    recorded it (even as NaN), so a family whose evaluation recorded nothing there is counted too;
+    statistics leave such runs out (`summarize` and `compare` take the finite values), and the
+    report names them instead of dropping them silently."""
+    setting = ["size", *keys]
+    columns = [*MISSING_COLUMNS[:2], *keys, *MISSING_COLUMNS[2:]]
+    finite = values[np.isfinite(values["value"].to_numpy(float))]
+    rows = []
+    for metric, recorded in values.groupby("metric", sort=True):
+        expected = done.merge(recorded[setting].drop_duplicates(), on=setting, how="inner")
+        have = set(finite.loc[finite["metric"] == metric, "run_id"])
+        nan = set(recorded["run_id"]) - have
+        for arm, runs in expected.groupby(["family", *setting], sort=True, dropna=False):
+            lacking = runs[~runs["run_id"].isin(have)].sort_values(["seed", "run_id"])
+            if lacking.empty:
+                continue
+            rows.append({**dict(zip(["family", *setting], arm)), "metric": metric, "n_runs": len(runs),
+                         "n_missing": len(lacking), "run_ids": list(lacking["run_id"]),
+                         "seeds": list(lacking["seed"]), "nan": [r in nan for r in lacking["run_id"]]})
+    return pd.DataFrame(rows, columns=columns)
 
 
 CORRECTIONS = {"holm": "Holm", "fdr_bh": "Benjamini-Hochberg"}
@@ -196,6 +228,11 @@ def in_report_order(analysis: Analysis, table: pd.DataFrame) -> pd.DataFrame:
     order = [c for c in ("metric", "size", *analysis.keys, "family") if c in table.columns]
     return table.sort_values(order, key=lambda c: c.map(ranks[c.name]) if c.name in ranks else c, kind="stable",
                              ignore_index=True)
+
+
+def missing_rows(analysis: Analysis, metrics: list[str] | tuple[str, ...]) -> pd.DataFrame:
+    """The cells of these metrics with runs lacking a value (`missing_values`), in report order."""
+    return in_report_order(analysis, analysis.missing[analysis.missing["metric"].isin(metrics)])
 
 
 def confirmatory_rows(analysis: Analysis) -> pd.DataFrame:

@@ -2,13 +2,12 @@
 estimators, and their verdicts against the baseline."""
 from __future__ import annotations
 
-import pandas as pd
 from rich.console import Group
 from rich.table import Table
 
 from analysis.compute import Analysis, position, references
 from analysis.text import (CORRECTION_LABELS, EARLY, EARLY_MEANING, cell_text, decision_text, flag, key_texts,
-                           level_text, num, p_text, raw_text, seeds_text, signed)
+                           level_text, num, p_text, raw_text, seeds_needed_text, signed)
 
 
 def render_summary(analysis: Analysis) -> Group:
@@ -42,5 +41,5 @@ def render_summary(analysis: Analysis) -> Group:
                          signed(row["diff_mean"]) + (f" ({EARLY})" if flag(row, "winners_curse") else ""),
                          f"{signed(row['ci_low'])} to {signed(row['ci_high'])}", raw_text(row),
                          f"{p_text(row['p_adj'])} ({CORRECTION_LABELS[row['correction']]})", decision_text(row),
-                         "–" if pd.isna(row["seeds_needed"]) else seeds_text(row["seeds_needed"]))
+                         seeds_needed_text(row["seeds_needed"]))
     return Group(cells, verdicts)

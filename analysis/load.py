@@ -78,8 +78,9 @@ def _sweep_membership(root: Path, sweep: str | None) -> dict[str, str | None]:
     return {run_id: membership.get(run_id) for run_id in sorted({*run_dirs, *membership})}
 
 
-def _flat(config: dict) -> dict:
-    """A config as {dotted key: value}; lists and mappings become JSON text, so they compare."""
+def flat_config(config: dict) -> dict:
+    """A config as {dotted key: value}; lists and mappings become JSON text, so they compare (the
+    columns of `load`'s config keys; the dry run's planning keys a planned run's config the same way)."""
     flat = pd.json_normalize(config, sep=".").to_dict("records")[0] if config else {}
     return {k: json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v for k, v in flat.items()}
 
@@ -100,13 +101,13 @@ class _Configs:
         for run_id in membership:
             if run_id not in out.of_run:
                 config = read_config(Layout(root).run(run_id).config) or {}
-                out.groups.append(_flat({k: v for k, v in config.items() if k != "seed"}))
+                out.groups.append(flat_config({k: v for k, v in config.items() if k != "seed"}))
                 out.of_run[run_id] = (len(out.groups) - 1, config.get("seed"))
         return out
 
     def _add_file(self, configs: SweepConfigs, membership: dict[str, str | None]) -> None:
         first = len(self.groups)
-        self.groups += [_flat({k: v for k, v in config.items() if k != "seed"}) for config in configs.configs]
+        self.groups += [flat_config({k: v for k, v in config.items() if k != "seed"}) for config in configs.configs]
         for run_id, (group, seed) in configs.runs.items():
             if run_id in membership:
                 self.of_run.setdefault(run_id, (first + group, seed))
@@ -245,6 +246,11 @@ class Selection:
     def values(self) -> pd.DataFrame:
         keyed = self.done[KEY_COLUMNS].merge(self.results.values, on="run_id", how="inner")
         return keyed.merge(self.varying_config(), left_on="run_id", right_index=True, how="left")
+
+    def done_runs(self) -> pd.DataFrame:
+        """One row per finished run, whatever it recorded: its key columns and the config keys that
+        vary (as in `values`), so a run lacking a metric can be named in its cell."""
+        return self.done[KEY_COLUMNS].merge(self.varying_config(), left_on="run_id", right_index=True, how="left")
 
     def items(self) -> pd.DataFrame:
         keys = ["run_id", "family", "size", "seed"]

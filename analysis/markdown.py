@@ -13,13 +13,13 @@ from scipy import stats
 
 from analysis.answer import claims_section, headline_section
 from analysis.certainty import failed_section, how_sure_section, how_to_read_section, looks_section, setup_section
-from analysis.compute import (Analysis, families, in_report_order, metrics, not_beating_references, position,
-                              references, seed_means)
+from analysis.compute import (Analysis, families, in_report_order, metrics, missing_rows, not_beating_references,
+                              position, references, seed_means)
 from analysis.figures import Plot, draw
 from analysis.text import (CORRECTION_LABELS, EARLY_MEANING, IMPROVEMENT, LISTED_RUNS, RAW, cell_text, decided_by,
                            decision_text, flag, has, improvement_text, interval_text, key_texts, level_text, md_table,
-                           num, p_text, raw_text, seeds, seeds_needed_text, sign, signed, slugs, unlisted, verdict_text,
-                           where)
+                           missing_text, num, p_text, raw_text, seeds, seeds_needed_text, sign, signed, slugs, unlisted,
+                           verdict_text, where)
 
 
 def _grid(analysis: Analysis, table: pd.DataFrame, sizes: list[str],
@@ -51,6 +51,16 @@ def _metric_section(analysis: Analysis, metric: str) -> list[str]:
     rows = _grid(analysis, cells, sizes, cell_text) + _reference_rows(analysis, metric, sizes)
     return [f"Mean [{level_text(1 - analysis.options.alpha)} t-interval] (n seeds).", "",
             *md_table(["family", *analysis.keys, *sizes], rows), *_position_lines(analysis, metric, sizes)]
+
+
+def _missing_lines(analysis: Analysis, metric: str) -> list[str]:
+    """The metric's cells whose finished runs have no value of it (NaN, or not recorded), by run id:
+    the statistics use the seeds that have one, and say so here instead of dropping the others silently."""
+    rows = missing_rows(analysis, [metric])
+    if rows.empty:
+        return []
+    return ["", "Left out for a missing or NaN value (the cells and comparisons use the seeds that have one):", "",
+            *[f"- {missing_text(row, analysis.keys)}." for _, row in rows.iterrows()]]
 
 
 def _reference_text(ref: pd.Series) -> str:
@@ -175,7 +185,8 @@ def _p_value_section(analysis: Analysis, section: str) -> list[str]:
             table.append([family, size, f"all {len(group)} seeds (Fisher)", *(num(group[m].mean()) for m in beside),
                           p_text(fisher)])
         lines += [f"### {analysis.label(metric)}", "", *md_table(
-            ["family", "size", "seed", *(analysis.label(m) for m in beside), "p"], table), *unlisted(len(runs)), ""]
+            ["family", "size", "seed", *(analysis.label(m) for m in beside), "p"], table), *unlisted(len(runs)),
+            *_missing_lines(analysis, metric), ""]
     return lines
 
 
@@ -254,7 +265,8 @@ def _section(analysis: Analysis, title: str, figures: list[Plot]) -> list[str]:
         spec = analysis.spec_of(metric)
         if (spec.section or OTHER_SECTION) != title or spec.p_value:  # p-values: their own table below
             continue
-        block = [*_metric_section(analysis, metric), *_comparison_block(analysis, metric, failing)]
+        block = [*_metric_section(analysis, metric), *_missing_lines(analysis, metric),
+                 *_comparison_block(analysis, metric, failing)]
         heading = _metric_title(analysis, metric)
         if metric in analysis.primary_metrics:
             lines += [f"### {heading}", "", *block, ""]

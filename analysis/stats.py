@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import numpy as np
 import pandas as pd
 from scipy import stats
-from scipy import integrate, special
+from scipy import integrate, optimize, special
 from statsmodels.stats.multitest import multipletests
 
 from analysis.bootstrap import HB_N_BOOT, hierarchical, item_noise, stable_rng
@@ -53,7 +53,7 @@ BOOT_MAX_N = 2_000
 PERMUTATION_BATCH = 2**24  # values of sign-flip resamples held at once (128 MB), for large cells
 SKEW_MIN_N = 5  # below this sample skewness cannot be told apart from normal noise: never flagged
 SKEW_STRONG = 1.0  # |skewness| above 1 is "highly skewed" (Bulmer's rule of thumb)
-HB_P_SIDED = "one-sided"  # hb_p is the share of draws with delta <= 0: a one-sided p-value
+HB_P_SIDED = "one-sided"  # hb_p is the p of "improvement <= 0" (analysis.bootstrap.studentised_p)
 IQM_MIN_N = 4  # with 3 seeds the 25% trimmed mean is the mean
 SEEDS_MAX = 50  # seeds_needed above this is reported as SEEDS_MAX + 1: "> 50"
 EXACT_PERMUTATIONS = 100_000  # enumerate sign flips exactly while 2^n stays below this
@@ -349,8 +349,7 @@ def seeds_needed(sigma: float, delta: float, alpha: float = 0.05, power: float =
     is NaN for large ones, which the search read as "not reached": dz 11.25 gave 9 seeds, not 3).
     For planning only: post-hoc power of an observed effect is not evidence.
     """
-    if not sigma >= 0:
-        raise ValueError(f"sigma must be a non-negative number, got {sigma}")
+    _check_plan(sigma, alpha, power)
     if not np.isfinite(delta):
         raise ValueError(f"delta must be a finite number, got {delta}: the seeds needed are unknown")
     if delta == 0:
@@ -360,6 +359,51 @@ def seeds_needed(sigma: float, delta: float, alpha: float = 0.05, power: float =
     n = np.arange(2, max_seeds + 1)
     reached = np.asarray(t_power(abs(delta) / sigma, n, alpha, paired) >= power)
     return int(n[np.argmax(reached)]) if reached.any() else max_seeds + 1
+
+
+def _check_plan(sigma: float, alpha: float, power: float) -> None:
+    """Planning inputs must be known: a NaN sigma, level or power raises instead of becoming a number
+    (t_power of a NaN is NaN, which a search over seeds would read as "never reached")."""
+    if not sigma >= 0:
+        raise ValueError(f"sigma must be a non-negative number, got {sigma}: the seed noise is unknown")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if not alpha < power < 1:
+        raise ValueError(f"power must be in (alpha, 1), got {power}")
+
+
+def mde(sigma: float, n: int, alpha: float = 0.05, power: float = 0.8, paired: bool = True) -> float:
+    """Minimum detectable effect: the smallest true gap |delta| whose two-sided t-test at level alpha
+    reaches `power` with n seeds (pairs, or seeds per family when unpaired) and seed noise `sigma`
+    (paired: the std of the paired differences; unpaired: the pooled std), i.e. sigma times the
+    standardised effect at which `t_power` reaches `power` (power grows with the effect; found by
+    Brent's method on t_power). The inverse of `seeds_needed` in the effect: seeds_needed(sigma,
+    delta) is n for any delta a little above mde(sigma, n) (when n - 1 seeds do not reach it).
+    Raises ValueError for a NaN sigma (the noise unknown: so is the effect) and for fewer than 2 seeds
+    (no test). For planning only, as seeds_needed."""
+    _check_plan(sigma, alpha, power)
+    if not n >= 2:
+        raise ValueError(f"n must be at least 2 seeds, got {n}: one seed cannot be tested")
+    if sigma == 0:
+        return 0.0
+    return float(sigma) * effect_for_power(int(n), alpha, power, paired)
+
+
+def effect_for_power(n: int, alpha: float = 0.05, power: float = 0.8, paired: bool = True) -> float:
+    """The standardised effect (dz paired, Cohen's d unpaired) at which the two-sided t-test at level
+    alpha with n seeds reaches `power`: `mde` in units of the seed noise."""
+    _check_plan(0.0, alpha, power)
+    if not n >= 2:
+        raise ValueError(f"n must be at least 2 seeds, got {n}: one seed cannot be tested")
+
+    def short(effect: float) -> float:
+        return float(t_power(effect, n, alpha, paired)) - power
+    high = 1.0
+    while short(high) < 0:  # t_power(0) = alpha < power, so the root lies above 0
+        high *= 2
+        if high > 1e9:
+            raise ValueError(f"no effect reaches power {power} with {n} seeds at level {alpha}")
+    return float(optimize.brentq(short, 0.0, high, xtol=1e-12, rtol=1e-12))
 
 
 def adjust_pvalues(p: Sequence[float], method: str, alpha: float = 0.05) -> np.ndarray:
@@ -556,8 +600,10 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
     Reference (ngram*) metrics and metrics without a declared direction are not compared.
     With `items` (the table of `analysis.load_items`), hb_* are the hierarchical seed x item bootstrap
     of `analysis.multibootstrap` with n_boot draws: percentile interval at 1 - alpha, hb_p and the
-    seed and item parts of its spread; NaN for metrics without items. hb_p is one-sided (the share of
-    draws with delta <= 0), unlike the two-sided p_value beside it: hb_p_sided says so ("one-sided").
+    seed and item parts of its spread; NaN for metrics without items. hb_p is one-sided (the p of
+    "improvement <= 0": the gap over its seed and item standard errors, against Student's t with the
+    seeds' df, `analysis.bootstrap.studentised_p`), unlike the two-sided p_value beside it: hb_p_sided
+    says so ("one-sided").
     The item table gets its cell keys from `df` by run_id when it lacks them.
     diff_skewed flags comparisons whose paired differences (unpaired: either family's seed values) are
     strongly skewed (`is_skewed`), where the t-interval may cover less than its level.

@@ -87,10 +87,18 @@ def have(row: pd.Series) -> int:
 def seeds_text(n: float) -> str:
     return f"> {SEEDS_MAX}" if n > SEEDS_MAX else str(n)
 
+def unknown_plan(row: pd.Series) -> str:
+    """Why a comparison's seeds for 80% power are unknown (NA): no seed noise to plan with (fewer
+    than 2 seeds here and at the other sizes), or no margin declared for its metric."""
+    reasons = ([] if pd.notna(row["sigma"]) else ["no estimate of the seed noise"]) + (
+        [] if pd.notna(row["delta_min"]) else ["no delta_min declared for this metric"])
+    return f"unknown ({' and '.join(reasons or ['no planning inputs'])})"
+
 def plan_text(row: pd.Series) -> str:
-    """Seeds needed for 80% power at delta_min: a planning figure, never evidence."""
+    """Seeds needed for 80% power at delta_min: a planning figure, never evidence; "unknown" (and
+    why) where the seed noise or the margin is unknown, never a number made from them."""
     if pd.isna(row["seeds_needed"]):
-        return ""
+        return f"seeds for 80% power {unknown_plan(row)}"
     gap = f"a {row['delta_min']:g} gap"
     pooled = "; seed noise pooled over sizes" if row["sigma_pooled"] else ""
     if row["seeds_unresolvable"]:
@@ -164,4 +172,19 @@ def seeds(row: pd.Series) -> str:
     return f"{row['n_candidate']} vs {row['n_baseline']} seeds"
 
 def seeds_needed_text(n: float) -> str:
-    return "–" if pd.isna(n) else seeds_text(n)
+    """A planned seed count; "unknown" where its inputs (seed noise, gap) are unknown."""
+    return "unknown" if pd.isna(n) else seeds_text(n)
+
+MISSING_LISTED = 20  # run ids named per cell in the report's lines on missing values
+
+def missing_text(row: pd.Series, keys: tuple[str, ...]) -> str:
+    """A cell's runs without a value of its metric (a row of `analysis.compute.missing_values`), as in
+    "lidas at tiny: 2 of 8 seeds have no induction_max: run ids abc123 (seed 3, NaN), def456 (seed 5,
+    not recorded)"; the first MISSING_LISTED are named."""
+    named = [f"{run} (seed {text(seed)}, {'NaN' if nan else 'not recorded'})"
+             for run, seed, nan in list(zip(row["run_ids"], row["seeds"], row["nan"]))[:MISSING_LISTED]]
+    more = row["n_missing"] - len(named)
+    verb = "has" if row["n_missing"] == 1 else "have"
+    return (f"{row['family']} at {where(row, keys)}: {row['n_missing']} of {row['n_runs']} seeds {verb} no"
+            f" {row['metric']}: run id{'s' if row['n_missing'] > 1 else ''} {', '.join(named)}"
+            + (f" and {more} more" if more > 0 else ""))

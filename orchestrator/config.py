@@ -205,6 +205,9 @@ def _typed(composed: DictConfig) -> DictConfig:
     except OmegaConfBaseException as e:
         raise ConfigError(_schema_message(e)) from None
     OmegaConf.set_struct(typed, True)
+    # A mapping by metric name: its keys are the user's (checked against the jobs' metrics in
+    # check_adaptive_metric), so adaptive.seed_sd.regbench_tvd=0.02 may add one.
+    OmegaConf.set_struct(typed.adaptive.seed_sd, False)
     return typed
 
 
@@ -230,11 +233,15 @@ def _finished(node: DictConfig) -> RunConfig:
 
 
 def check_adaptive_metric(run: RunConfig) -> None:
-    """adaptive.metric must be an outcome that train or an evaluation of eval.jobs records: the
-    jobs declare them, so this check is made here, where the jobs are known."""
+    """adaptive.metric, and each metric of adaptive.seed_sd, must be an outcome that train or an
+    evaluation of eval.jobs records: the jobs declare them, so this check is made here, where the
+    jobs are known."""
+    recorded = sorted(set().union(*(get_job(job).outcomes() for job in ["train", *run.eval.jobs])))
+    for metric in sorted(run.adaptive.seed_sd):
+        require(metric in recorded, f"adaptive.seed_sd.{metric}: not a metric of this sweep; choose among: "
+                f"{', '.join(recorded)} (the metrics of train and eval.jobs)")
     if run.adaptive.metric is None:
         return
-    recorded = sorted(set().union(*(get_job(job).outcomes() for job in ["train", *run.eval.jobs])))
     require(run.adaptive.metric in recorded, f"adaptive.metric={run.adaptive.metric}: not allowed; choose one "
             f"of: {', '.join(recorded)} (the metrics of train and eval.jobs)")
 

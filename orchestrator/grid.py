@@ -102,7 +102,8 @@ def expand(cli_overrides: list[str]) -> tuple[list[GridPoint], str]:
     return points, default_sweep_name(grid)
 
 
-NOT_IN_NAME = ("store.", "cluster", "tracker")  # where a sweep runs, is stored and tracked does not name it
+# Where a sweep runs, is stored and tracked does not name it, nor the seed noise its dry run plans with.
+NOT_IN_NAME = ("store.", "cluster", "tracker", "adaptive.seed_sd")
 MAX_NAME = 120  # characters of a sweep name (a directory under sweeps/)
 HASH_CHARS = 8  # of a long name's hash
 

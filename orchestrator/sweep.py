@@ -13,22 +13,28 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import re
 import sys
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
+import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 
 import analysis
+from analysis.compute import confirmatory
 from analysis.console import render_summary
+from analysis.load import flat_config
+from analysis.planning import SeedSd, detectable_lines, pilot_sd, planned_comparisons
 from analysis.sequential import next_seeds, plan_comparisons, settled_verdicts
 from common.settings import ConfigError, from_dict, known_part, to_dict
 from config.tracker import TrackerConfig
 from jobs.backends import backend_of
 from jobs.evals import EVALUATIONS
 from jobs.flops import flop_ratio
+from jobs.registry import get_job
 from orchestrator import grid, preflight, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, executor_of, recorded_executor
@@ -117,6 +123,8 @@ class Sweep:
             self.console.print(f"estimate: {sum(gpu_hours(r.config) for r in new):,.0f} GPU hours for the "
                                f"{len(new)} runs to do (training FLOPs / (cluster.gpu_peak_flops_per_s="
                                f"{cluster.gpu_peak_flops_per_s:.3g} x cluster.gpu_mfu={cluster.gpu_mfu:g}))")
+        for line in self.detectable():
+            self.console.print(line, markup=False, soft_wrap=True)
         for r in runs:  # a backend that renders its own configs (nanotron) shows them
             text = backend_of(r.config).dry_run_text(r.config, r.run_id, self.store.run_dir(r.run_id))
             if text is not None:
@@ -126,6 +134,51 @@ class Sweep:
                            f"{'submitted or ' if not self.executor.synchronous else ''}written",
                            markup=False, soft_wrap=True)
         return 0
+
+    def detectable(self) -> list[str]:
+        """What the planned seeds can detect (analysis/planning.py, statistics.md "Before a sweep"): per
+        confirmatory metric, the smallest difference each comparison with the baseline detects at 80%
+        power at Holm's first-step level, with the grid's seeds (adaptive: S_max, at alpha / K per look),
+        and the seed sd of a pilot (this sweep's finished runs) or of adaptive.seed_sd."""
+        a, options = self.adaptive, analysis.AnalysisOptions()
+        if a.metric:
+            metrics: tuple[str, ...] = (a.metric,)
+            baseline, alpha, n_looks = a.baseline, a.alpha, len(a.schedule)
+            note = " (adaptive.max_seeds, the last look)"
+        else:
+            specs = {name: spec for c in _distinct(self.configs) for job in ["train", *c.eval.jobs]
+                     for name, spec in get_job(job).metrics.items()}
+            metrics = confirmatory(specs, {c.data.kind for c in _distinct(self.configs)})
+            baseline, alpha, n_looks, note = options.baseline, options.alpha, 1, ""
+        seeds = range(a.max_seeds) if a.metric else None
+        comparisons = planned_comparisons(_arms(self.configs, seeds), baseline)
+        return detectable_lines(comparisons, metrics, self._seed_sds(metrics, baseline), alpha, n_looks,
+                                seeds_note=note)
+
+    def _seed_sds(self, metrics: tuple[str, ...], baseline: str) -> dict[str, SeedSd]:
+        """Per metric, the pilot's seed sd (this sweep's finished runs in the store), else the declared
+        adaptive.seed_sd, else NaN with why."""
+        pilot: dict[str, tuple[float, int, int]] = {}
+        why = "no pilot"
+        if self.name in self.store.sweeps():
+            try:
+                values = analysis.load(self.store.root, self.name)
+                pilot = pilot_sd(values, metrics, baseline) if len(values) else {}
+                why = f"no pilot sd: sweep {self.name} has no finished runs" if values.empty else ""
+            except (StoreError, OSError, ValueError) as e:
+                why = f"no pilot sd: sweep {self.name} cannot be analysed ({e})"
+        out = {}
+        for metric in metrics:
+            sd, df, k = pilot.get(metric, (math.nan, 0, 0))
+            if math.isfinite(sd):
+                out[metric] = SeedSd(sd, f"from the pilot (sweep {self.name}: {k} comparison{'s' if k > 1 else ''}"
+                                         f" with {baseline}, {df} df)")
+            elif metric in self.adaptive.seed_sd:
+                out[metric] = SeedSd(float(self.adaptive.seed_sd[metric]), "declared in adaptive.seed_sd")
+            else:
+                reason = why or f"no pilot sd: sweep {self.name} has no 2 paired seeds of {metric} with {baseline}"
+                out[metric] = SeedSd(math.nan, f"{reason}, adaptive.seed_sd.{metric} unset")
+        return out
 
     # -- running -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -198,6 +251,34 @@ class Sweep:
 
     def report(self) -> int:
         return report(self.store, self.name, self.console, self.configs[0].tracker)
+
+
+def _distinct(configs: list[RunConfig]) -> list[RunConfig]:
+    """One config per group of seed variants: points that differ only in their seed share every
+    section object (orchestrator/config.py `compose_runs`), so a grid of 100,000 seeds is a few."""
+    groups: dict[tuple, RunConfig] = {}
+    for c in configs:
+        groups.setdefault(_sections(c), c)
+    return list(groups.values())
+
+
+def _sections(c: RunConfig) -> tuple:
+    return tuple(id(getattr(c, f.name)) for f in dataclasses.fields(c) if f.name != "seed")
+
+
+def _arms(configs: list[RunConfig], seeds: Optional[Iterable[int]] = None) -> pd.DataFrame:
+    """The planned run configs apart from their seeds, for analysis.planning: family, size, the
+    config's dotted keys as the analysis reads them, and the seeds planned with each (`seeds`, when
+    given, for every one: an adaptive sweep's S_max)."""
+    planned: dict[tuple, set[int]] = {}
+    for c in configs:
+        planned.setdefault(_sections(c), set()).add(c.seed)
+    rows = []
+    for c in _distinct(configs):
+        flat = {k: v for k, v in flat_config(to_dict(c)).items() if k not in ("seed", "family.name", "model.name")}
+        rows.append({"family": c.family.name, "size": c.model.name, **flat,
+                     "seeds": frozenset(planned[_sections(c)] if seeds is None else seeds)})
+    return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -162,3 +162,112 @@ def test_seeds_needed_of_an_unknown_gap_or_noise_is_not_a_number():
         seeds_needed(0.02, float("nan"))
     with pytest.raises(ValueError):
         seeds_needed(float("nan"), 0.02)
+
+
+# ---- the minimum detectable effect, the inverse of seeds_needed --------------------------------
+
+@pytest.mark.parametrize("paired", [True, False])
+@pytest.mark.parametrize("alpha", [0.05, 0.05 / 4, 0.05 / 24])
+def test_mde_is_where_the_power_reaches_80_percent(paired, alpha):
+    """t_power at mde / sigma is 0.8 (by the definition's integral too), and seeds_needed for a gap a
+    hair above mde(n) is n: the two are inverses, at the levels the dry run plans at."""
+    from analysis.stats import mde
+    for n in (2, 3, 5, 8, 20):
+        gap = mde(0.02, n, alpha, paired=paired)
+        assert t_power(gap / 0.02, n, alpha, paired) == pytest.approx(0.8, abs=1e-9)
+        assert definition(gap / 0.02, n, alpha, paired) == pytest.approx(0.8, abs=1e-6)
+        assert seeds_needed(0.02, gap * (1 + 1e-6), alpha, paired=paired, max_seeds=60) == n
+        assert seeds_needed(0.02, gap * (1 - 1e-6), alpha, paired=paired, max_seeds=60) == n + 1
+    gaps = [mde(0.02, n, alpha, paired=paired) for n in range(2, 30)]
+    assert all(a > b for a, b in zip(gaps, gaps[1:]))  # more seeds, a smaller detectable gap
+
+
+def test_mde_worked_values():
+    """statistics.md (e): Example A's sigma 0.017321 with 3 pairs at alpha 0.05: 0.05654 (dz 3.264);
+    seed sd 0.02 with 3 pairs under Holm over 4 comparisons (0.0125): 0.1309 (dz 6.546); at 8 seeds
+    0.03063 (dz 1.532)."""
+    from analysis.stats import effect_for_power, mde
+    assert mde(0.017321, 3) == pytest.approx(0.05654, abs=1e-5)
+    assert effect_for_power(3) == pytest.approx(3.264, abs=1e-3)
+    assert mde(0.02, 3, 0.05 / 4) == pytest.approx(0.1309, abs=1e-4)
+    assert mde(0.02, 8, 0.05 / 4) == pytest.approx(0.03063, abs=1e-5)
+    assert mde(0.0, 3) == 0.0
+
+
+@pytest.mark.parametrize("call", [
+    lambda mde: mde(float("nan"), 3), lambda mde: mde(-0.01, 3), lambda mde: mde(0.02, 1),
+    lambda mde: mde(0.02, 3, float("nan")), lambda mde: mde(0.02, 3, 0.05, float("nan")),
+    lambda mde: mde(0.02, float("nan"))])
+def test_mde_of_unknown_noise_or_too_few_seeds_is_not_a_number(call):
+    from analysis.stats import mde
+    with pytest.raises(ValueError):
+        call(mde)
+
+
+def test_seeds_needed_at_an_unknown_level_is_not_a_number():
+    """t_power at a NaN level is NaN, which the search would read as 'never reached': '> 50'."""
+    with pytest.raises(ValueError):
+        seeds_needed(0.02, 0.02, float("nan"))
+    with pytest.raises(ValueError):
+        seeds_needed(0.02, 0.02, 0.05, float("nan"))
+
+
+# ---- NaN inputs never become a planned number ---------------------------------------------------
+
+def one_seed_lidas(**kw) -> pd.DataFrame:
+    """dense with 3 seeds, looped with 3, lidas with only seed 0 finite (seeds 1 and 2 NaN): the lidas
+    comparison has 1 pair and, with one size, no seed noise to borrow."""
+    dense = [0.30, 0.28, 0.33]
+    return frame({"dense": dense, "looped": [0.25, 0.27, 0.26], "lidas": [0.20, math.nan, math.nan]},
+                 metric="regbench_acc", **kw)
+
+
+@pytest.mark.parametrize("looks, verdict", [((3, 5, 8), "continue"), ((3,), "inconclusive")])
+def test_next_seeds_with_unknown_seed_noise_plans_no_number(looks, verdict):
+    """Unknown seed noise: seeds_to_decide and seeds_needed are NA (never > S_max, so never futile);
+    the comparison continues, or is inconclusive at the last look; its record says None."""
+    plan = next_seeds(one_seed_lidas(), looks=looks, primary_metrics=("regbench_acc",))
+    row = plan.comparisons.set_index("family").loc["lidas"]
+    assert np.isnan(row["sigma"]) and row["n_pairs"] == 1
+    assert pd.isna(row["seeds_to_decide"]) and pd.isna(row["seeds_needed"]) and pd.isna(row["seeds_needed_observed"])
+    assert row["verdict"] == verdict
+    recorded = next(c for c in plan.to_record()["comparisons"] if c["family"] == "lidas")
+    assert recorded["seeds_to_decide"] is None
+    looped = plan.comparisons.set_index("family").loc["looped"]
+    assert pd.notna(looped["seeds_to_decide"])  # the other comparison is planned as before
+
+
+def test_the_reports_planning_table_says_unknown(tmp_path):
+    """The report's seeds for 80% power: "unknown" (and why) for a comparison without seed noise
+    (lidas: one finished seed) or without a declared margin (a delta_min mapping that lacks the
+    metric), never a number made from a NaN."""
+    from test_analysis_load import new_store, write_run, write_sweep
+    from test_report import markdown_table, section
+
+    from analysis import AnalysisOptions, analyse
+    from analysis.markdown import render_markdown
+
+    root = new_store(tmp_path / "store")
+    run_ids = []
+    for row in one_seed_lidas().itertuples():
+        if math.isnan(row.value):
+            continue
+        run_ids.append(f"{row.family}-{row.seed}")
+        write_run(root, run_ids[-1], row.family, "tiny", row.seed, {"regbench_tvd": row.value})
+    write_sweep(root, "demo", run_ids, "2025-01-01T00:00:00", [])
+    analysis = analyse(root, "demo")
+    report = render_markdown(analysis, figures=[])
+    needed = {r["comparison"]: r for r in markdown_table(section(report, "How sure are we"), "- **Seeds needed**")}
+    lidas = needed["lidas vs dense, RegBench TVD, tiny"]
+    assert [lidas[c] for c in ("seeds at the observed noise", "seeds if the noise is at its 80% upper bound",
+                               "seeds for the observed gap")] == ["unknown"] * 3
+    rows = {r["family"]: r for r in markdown_table(report, "**RegBench TVD against dense** (confirmatory, Holm)")}
+    assert rows["lidas"]["seeds for 80% power"] == "unknown" and rows["looped"]["seeds for 80% power"].isdigit()
+    assert "seeds for 80% power unknown (no estimate of the seed noise)" in report
+    unmargined = analyse(root, "demo", AnalysisOptions(delta_min={"regbench_acc": 0.01}))
+    report = render_markdown(unmargined, figures=[])
+    needed = {r["comparison"]: r for r in markdown_table(section(report, "How sure are we"), "- **Seeds needed**")}
+    looped = needed["looped vs dense, RegBench TVD, tiny"]
+    assert looped["gap (delta_min)"] == "none declared" and looped["seeds at the observed noise"] == "unknown"
+    assert looped["seeds for the observed gap"].isdigit()  # the observed gap needs no margin
+    assert "no delta_min declared for this metric" in report

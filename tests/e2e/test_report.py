@@ -392,6 +392,55 @@ def test_the_headline_says_whether_the_models_formed_induction_heads(tmp_path, s
     assert [line for line in headline if "induction heads" in line] == [expected]
 
 
+def test_missing_and_nan_values_are_counted_and_named(tmp_path):
+    """Runs whose metric is NaN or not recorded are never dropped silently: each cell names them by run
+    id (and seed, and which of the two) in its metric's section, and in the headline when the metric is
+    confirmatory; the statistics use the seeds that have a value."""
+    root = new_store(tmp_path / "store")
+    run_ids = []
+    for family in ("dense", "lidas"):
+        for seed in range(4):
+            run_ids.append(f"{family}-{seed}")
+            lidas = family == "lidas"
+            metrics = {"regbench_tvd": [0.30, 0.28, 0.33, 0.31][seed] - (0.04 + 0.005 * seed) * lidas,
+                       "induction_max": [0.5, 0.6, 0.8, 0.7][seed] + 0.05 * lidas * seed,
+                       "regbench_acc": [0.6, 0.62, 0.57, 0.61][seed] + 0.02 * lidas * seed, **NGRAMS}
+            if family == "lidas" and seed == 1:
+                metrics["induction_max"] = None  # recorded as NaN
+            if family == "lidas" and seed == 3:
+                del metrics["induction_max"]  # not recorded at all
+            if family == "dense" and seed == 2:
+                metrics["regbench_tvd"] = float("nan")
+                metrics["regbench_acc"] = None
+            write_run(root, run_ids[-1], family, "tiny", seed, metrics)
+    write_sweep(root, "gaps", run_ids, "2025-01-01T00:00:00", [])
+    analysis = analyse(root, "gaps")
+    report = render_markdown(analysis, figures=[])
+    induction = ("- lidas at tiny: 2 of 4 seeds have no induction_max: run ids lidas-1 (seed 1, NaN), lidas-3"
+                 " (seed 3, not recorded).")
+    tvd = "- dense at tiny: 1 of 4 seeds has no regbench_tvd: run id dense-2 (seed 2, NaN)."
+    acc = "- dense at tiny: 1 of 4 seeds has no regbench_acc: run id dense-2 (seed 2, NaN)."
+    headline = section(report, "Headline")
+    assert f"- Left out for a missing or NaN value: {induction[2:]}" in headline
+    assert f"- Left out for a missing or NaN value: {tvd[2:]}" in headline
+    assert "regbench_acc" not in headline  # exploratory: named in its own section only
+    for line, metric in ((induction, "induction_max"), (tvd, "regbench_tvd"), (acc, "regbench_acc")):
+        title = f"({'`' if metric != 'regbench_acc' else '<code>'}{metric}"
+        block = report.split(title, 1)[1].split("against dense", 1)[0]  # the metric's cells, before its comparisons
+        assert line in block.splitlines(), (metric, block)
+    cells = analysis.cells.set_index(["family", "metric"])
+    assert cells.loc[("lidas", "induction_max"), "n_seeds"] == 2
+    assert cells.loc[("dense", "regbench_tvd"), "n_seeds"] == 3
+    comparisons = analysis.comparisons.set_index("metric")
+    assert comparisons.loc["induction_max", "n_pairs"] == 2 and comparisons.loc["regbench_tvd", "n_pairs"] == 3
+    assert analysis.missing["n_missing"].sum() == 4  # and nothing else: every other value is finite
+
+
+def test_no_missing_values_no_lines(store):
+    assert analyse(store, "demo").missing.empty
+    assert "missing or NaN" not in write_report(store, "demo").read_text()
+
+
 def test_how_sure_are_we(store):
     report = write_report(store, "demo").read_text()
     sure = section(report, "How sure are we")
@@ -650,7 +699,9 @@ def test_report_is_the_one_written_before_the_store_index_and_the_summarised_tab
     """report.md of each test sweep, byte for byte, as pinned in tests/data/report_before_scale: the
     store's index and its faster readers (the configs file, the loader's single pass, the summarised
     run tables) must not change a byte. The files were written again when the report began stating
-    the decision procedure (look, level, correction family) and one sign (improvement > 0)."""
+    the decision procedure (look, level, correction family) and one sign (improvement > 0), and when
+    "How to read this" began saying how the hierarchical p is computed (the studentised gap against
+    Student's t with the seeds' df)."""
     report = write_report(request.getfixturevalue(fixture), name).read_text()
     assert report == (Path(__file__).parent.parent / "data" / "report_before_scale" / f"{fixture}.md").read_text()
 

@@ -38,6 +38,13 @@ CASES = [
     (["sweep", "train.beta1=1"], 2, "train.beta1=1: must be < 1"),
     (["sweep", "eval.ablation.fractions=[]"], 2, "eval.ablation.fractions=[]: must not be empty"),
     (["sweep", "adaptive.delta_min=0"], 2, "adaptive.delta_min=0: must be > 0"),
+    (["sweep", "adaptive.seed_sd.regbench_tvd=nan"], 2,
+     "adaptive.seed_sd.regbench_tvd=nan: must be a finite number > 0"),
+    (["sweep", "adaptive.seed_sd={{regbench_tvd:0}}"], 2,  # braces doubled: the argv is formatted
+     "adaptive.seed_sd.regbench_tvd=0.0: must be a finite number > 0"),
+    (["sweep", "adaptive.seed_sd.regbench_tvdd=0.02"], 2,
+     "adaptive.seed_sd.regbench_tvdd: not a metric of this sweep; choose among: "),
+    (["sweep", "adaptive.seed_sd=0.02"], 2, "adaptive.seed_sd: Cannot assign float to Dict[str, float]"),
     (["sweep", "tracker.init_timeout_s=-1"], 2, "tracker.init_timeout_s=-1: must be > 0"),
     (["sweep", "cluster.address=auto"], 2, "cluster.address: unknown key"),
     # seeds and sweep lists

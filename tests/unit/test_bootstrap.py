@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from analysis.bootstrap import item_noise, multibootstrap
 
@@ -56,6 +57,20 @@ def definition(scores: dict, weight, cluster, candidate: str, baseline: str, pai
             np.array([delta(every_seed, c) for c in cluster_draws]))
 
 
+def studentised(scores: dict, weight, candidate: str, baseline: str, paired: bool, item_se: float) -> float:
+    """statistics.md (c)'s hb_p from its definition: each seed's pooled score on every item; the gap
+    over sqrt(var of the seeds' gaps / n + item_se^2) (unpaired: each family's seed variance / its
+    seeds), one-sided against Student's t with n - 1 df (unpaired: the smaller family's)."""
+    w = np.asarray(weight, float)
+    pooled = {f: np.asarray(v, float) @ w / w.sum() for f, v in scores.items()}
+    parts = [pooled[candidate] - pooled[baseline]] if paired else [pooled[candidate], pooled[baseline]]
+    if min(len(x) for x in parts) < 2:
+        return math.nan
+    gap = pooled[candidate].mean() - pooled[baseline].mean()
+    se = math.sqrt(sum(np.var(x, ddof=1) / len(x) for x in parts) + item_se**2)
+    return stats.t.sf(gap / se, min(len(x) for x in parts) - 1)
+
+
 # ---- Example C --------------------------------------------------------------------------------
 
 def test_example_c_exact():
@@ -64,8 +79,11 @@ def test_example_c_exact():
     assert hb["hb_diff_mean"] == pytest.approx(1 / 3, abs=1e-6)
     assert hb["hb_boot_mean"] == pytest.approx(1 / 3, abs=1e-6)
     assert hb["hb_se"] == pytest.approx(0.215166, abs=1e-6)
-    assert hb["hb_p"] == pytest.approx(18 / 108, abs=1e-6)
     assert hb["hb_se_seeds"] == pytest.approx(0, abs=1e-12)  # both seeds gain exactly 1/3
+    assert hb["hb_se_items"] == pytest.approx(math.sqrt(1 / 54), abs=1e-12)  # 0.5 (u1 + u2) / 3, u1 + u2 ~ B(3, 2/3)
+    # one-sided p: the seeds agree, so the gap is studentised by the items alone, T = sqrt(6), 1 df
+    assert hb["hb_p"] == pytest.approx(0.123376, abs=1e-6)
+    assert hb["hb_p"] == pytest.approx(stats.t.sf(math.sqrt(6), 1), abs=1e-12)
     assert (hb["hb_low"], hb["hb_high"]) == (pytest.approx(0.0), pytest.approx(2 / 3))
 
 
@@ -73,7 +91,7 @@ def test_example_c_monte_carlo():
     hb = multibootstrap(item_table(EXAMPLE_C), "lidas", higher_is_better=True, n_boot=20_000)
     assert hb["hb_n_boot"] == 20_000 and hb["hb_diff_mean"] == pytest.approx(1 / 3, abs=1e-12)
     assert hb["hb_se"] == pytest.approx(0.215166, abs=0.005)
-    assert hb["hb_p"] == pytest.approx(18 / 108, abs=0.01)
+    assert hb["hb_p"] == pytest.approx(0.123376, abs=0.01)
     assert hb["hb_boot_mean"] == pytest.approx(1 / 3, abs=0.01)
 
 
@@ -92,7 +110,9 @@ def test_exact_enumeration_follows_the_definition(pairing):
     assert hb["hb_se"] == pytest.approx(crossed.std(), abs=1e-12)
     assert hb["hb_se_seeds"] == pytest.approx(seeds_only.std(), abs=1e-12)
     assert hb["hb_se_items"] == pytest.approx(items_only.std(), abs=1e-12)
-    assert hb["hb_p"] == pytest.approx(max(np.mean(crossed <= 0), 1 / len(crossed)), abs=1e-12)
+    expected = studentised(scores, weight, "dense", "lidas", pairing == "paired", items_only.std())
+    assert hb["hb_p"] == pytest.approx(expected, abs=1e-12, nan_ok=True)
+    assert np.isnan(hb["hb_p"]) == (pairing == "unpaired")  # dense has one seed there: no seed variance
     assert hb["hb_p_ge_delta"] == pytest.approx(np.mean(crossed >= 0.05), abs=1e-12)
     low, high = np.quantile(crossed, [0.025, 0.975])
     assert (hb["hb_low"], hb["hb_high"]) == (pytest.approx(low, abs=1e-12), pytest.approx(high, abs=1e-12))
@@ -157,10 +177,24 @@ def test_unpaired_uses_every_seed_and_paired_only_matched_ones():
         multibootstrap(items, "lidas", higher_is_better=True, pairing="matched")
 
 
-def test_p_value_is_floored_at_one_over_the_draws():
+def test_p_value_of_identical_seeds_comes_from_the_items():
+    """Every seed scores alike: the gap is studentised by the item spread alone, with the seeds' df
+    (no draw is <= 0 here, so the share of such draws, hb_p's former reading, said 1/draws)."""
     items = item_table({"lidas": [[1, 1, 1, 0.5]] * 3, "dense": [[0, 0, 0, 0]] * 3})
     hb = multibootstrap(items, "lidas", higher_is_better=True, n_boot=400)
-    assert hb["hb_p"] == 1 / 400 and hb["hb_p_ge_delta"] == 1.0
+    assert hb["hb_p"] == pytest.approx(stats.t.sf(0.875 / hb["hb_se_items"], 2), abs=1e-12)
+    assert 1 / 400 < hb["hb_p"] < 0.05 and hb["hb_p_ge_delta"] == 1.0
+
+
+def test_p_value_without_any_spread_or_seeds():
+    """No spread at all: 0 for a positive gap, 1 otherwise; one seed: NaN, never a number."""
+    ahead = item_table({"lidas": [[1, 1]] * 3, "dense": [[0, 0]] * 3})
+    assert multibootstrap(ahead, "lidas", higher_is_better=True, n_boot=50)["hb_p"] == 0.0
+    assert multibootstrap(ahead, "lidas", higher_is_better=False, n_boot=50)["hb_p"] == 1.0
+    level = item_table({"lidas": [[1, 0]] * 3, "dense": [[1, 0]] * 3})
+    assert multibootstrap(level, "lidas", higher_is_better=True, n_boot=50)["hb_p"] == 1.0
+    one_seed = item_table({"lidas": [[1, 0, 1]], "dense": [[0, 0, 1]]})
+    assert math.isnan(multibootstrap(one_seed, "lidas", higher_is_better=True, n_boot=50)["hb_p"])
 
 
 def test_variance_breakdown_names_the_source_of_noise():

@@ -69,3 +69,54 @@ def test_long_sweep_names_end_in_a_hash_of_the_whole_grid():
     (cut, digest), (cut_too, _) = first.rsplit("-", 1), second.rsplit("-", 1)
     assert cut == cut_too and len(digest) == 8
     assert default_sweep_name({"family": ["family=dense", "family=lidas"]}) == "family-dense-lidas"  # short: as before
+
+
+def test_dry_run_states_the_smallest_difference_the_seeds_can_detect(tmp_path, capsys):
+    """Per confirmatory metric, the difference each comparison with dense detects at 80% power at
+    Holm's first-step level (statistics.md, "Before a sweep"): from a declared adaptive.seed_sd, from
+    a pilot (this sweep's finished runs in the store, which win), "unknown" without either; an
+    adaptive sweep plans S_max seeds at alpha / K per look. adaptive.seed_sd does not name the sweep."""
+    from test_analysis_load import write_run, write_sweep
+
+    from analysis.stats import effect_for_power, mde
+    from orchestrator.cli import main
+    from store.store import Store
+
+    def detectable(*overrides: str) -> list[str]:
+        assert main(["sweep", "--dry-run", "size=micro", "family=lidas,dense", *overrides]) == 0
+        out = capsys.readouterr().out
+        assert "sweep family-dense-lidas_size-micro" in out or "sweep adaptive" in out
+        return [line for line in out.splitlines() if line.startswith("detectable")]
+
+    root = tmp_path / "store"
+    lines = detectable("seed=0,1,2", f"store.root={root}", "adaptive.seed_sd.induction_max=0.05")
+    assert [line.split(" on ")[1].split()[0] for line in lines] == ["regbench_tvd", "ablation_drop_f1",
+                                                                   "induction_max"]
+    assert lines[0] == ("detectable at 80% power with 3 seeds: |difference| on regbench_tvd unknown (no pilot,"
+                        f" adaptive.seed_sd.regbench_tvd unset); it is {effect_for_power(3, 0.05 / 3):.3g} x the seed"
+                        " sd of the difference"
+                        " (1 comparison with dense, Holm level 0.0167 = 0.05/3)")
+    assert f"|difference| >= {mde(0.05, 3, 0.05 / 3):.3g} on induction_max" in lines[2]
+    assert "seed sd 0.05 declared in adaptive.seed_sd" in lines[2] and not root.exists()
+
+    Store(root).create()  # a pilot: the same sweep's finished runs, 3 seeds of each family
+    tvd = {"dense": [0.30, 0.28, 0.33], "lidas": [0.25, 0.27, 0.26]}  # differences sd 0.030551
+    ids = []
+    for family, values in tvd.items():
+        for seed, value in enumerate(values):
+            ids.append(f"{family}-{seed}")
+            write_run(root, ids[-1], family, "micro", seed, {"regbench_tvd": value, "induction_max": 0.5 + seed / 10})
+    write_sweep(root, "family-dense-lidas_size-micro", ids, "2025-01-01T00:00:00", ["family=lidas,dense", "size=micro"])
+    lines = detectable("seed=range(0,10)", f"store.root={root}", "adaptive.seed_sd.regbench_tvd=0.5")
+    assert lines[0] == (f"detectable at 80% power with 10 seeds: |difference| >= {mde(0.030551, 10, 0.05 / 3):.3g}"
+                        f" on regbench_tvd (1 comparison with dense; {effect_for_power(10, 0.05 / 3):.3g} x seed sd"
+                        " 0.0306 from the pilot (sweep family-dense-lidas_size-micro: 1 comparison with dense, 2 df),"
+                        " Holm level 0.0167 = 0.05/3)")
+    assert "unknown (no pilot sd: sweep family-dense-lidas_size-micro has no 2 paired seeds of ablation_drop_f1" \
+           " with dense, adaptive.seed_sd.ablation_drop_f1 unset)" in lines[1]
+
+    (line,) = detectable("adaptive.metric=regbench_tvd", "adaptive.seed_sd.regbench_tvd=0.02",
+                         f"store.root={tmp_path / 'other'}")
+    assert line.startswith(f"detectable at 80% power with 8 seeds (adaptive.max_seeds, the last look): |difference| >="
+                           f" {mde(0.02, 8, 0.05 / 3):.3g} on regbench_tvd (1 comparison with dense;")
+    assert line.endswith("Holm level 0.0167 = 0.05/3 looks/1)")
