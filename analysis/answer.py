@@ -41,8 +41,9 @@ def _together(analysis: Analysis, rows: pd.DataFrame) -> str:
 def headline_section(analysis: Analysis) -> list[str]:
     """What was seen first (models that do not beat a reference estimator on a confirmatory metric,
     runs left out for a missing value, which families formed the mechanism), so that nothing below
-    is read as a finding about models that lack it; then the confirmatory comparisons: each decisive one as a claim with its numbers,
-    the others grouped by what they lack (their numbers are in the claims table below)."""
+    is read as a finding about models that lack it; then the confirmatory comparisons: each
+    decisive one as a claim with its numbers, the others grouped by what they lack (their numbers
+    are in the claims table below)."""
     rows = confirmatory_rows(analysis)
     lines = ["## Headline", "", *mechanism_lines(analysis)]
     if rows.empty:
