@@ -7,7 +7,7 @@
    same weights (their logits are checked to agree first), stepped as HF's Trainer does (default
    clipping, fused AdamW: its default optimizer from torch 2.8 on), at the same threads and
    batch; our step's CPU changes toggled off one by one (the model's fused attention projection
-   is not: tests/test_train.py holds it to the plain path); then both under torch.compile (ours
+   is not: tests/unit/test_train.py holds it to the plain path); then both under torch.compile (ours
    as `train.compile=true` does it). All variants are timed in alternating rounds so that
    machine noise hits them alike, and the median step is reported.
 3. MFU: model FLOPs per second of our step (jobs/flops.py, the accounting the reports use)
