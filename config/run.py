@@ -40,7 +40,7 @@ class JobConfig:
 
     @property
     def effective_init_seed(self) -> int:
-        """The seed of the model's initialisation (and of every layer a growth step adds)."""
+        """The seed of the model's initialisation."""
         return self.seed if self.init_seed is None else self.init_seed
 
     @property
