@@ -1,5 +1,6 @@
 """The report's closing sections: the looks of an adaptive sweep, how sure we are (single-seed
-cells, the smallest attainable p, the Holm family, seeds needed, evaluation noise), failed runs,
+cells, the smallest attainable p, the Holm family, seeds needed, evaluation noise, init against
+data seeds), failed runs,
 the setup, and how to read it all."""
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pandas as pd
 
 from analysis.compute import Analysis, confirmatory_rows, family_size, in_report_order, job_seconds_columns, primary
 from analysis.sequential import plan_comparisons
-from analysis.load import JOB_SECONDS, KEY_COLUMNS, VALUE_COLUMNS
+from analysis.load import JOB_SECONDS, KEY_COLUMNS, SEED_COLUMNS, VALUE_COLUMNS
 from analysis.stats import BOOT_NOMINAL_N, BOOT_RELIABLE_N, DECIDED, SEEDS_MAX, p_min_mannwhitney, p_min_signflip
 from analysis.text import (EARLY_MEANING, LISTED_RUNS, has, have, level_text, margins, md_table, num, seeds_needed_text,
                            seeds_text, text,
@@ -87,9 +88,11 @@ def _alpha_line(analysis: Analysis) -> str:
 
 def _cells_line(analysis: Analysis) -> str:
     """How cells are keyed, and which varying config keys were deliberately not split on."""
-    standard = {*KEY_COLUMNS, *VALUE_COLUMNS, *analysis.keys}
+    standard = {*KEY_COLUMNS, *SEED_COLUMNS, *VALUE_COLUMNS, *analysis.keys}
     unsplit = sorted(c for c in analysis.values.columns if c not in standard)
-    return (f"- Cells: {' x '.join(['family', 'size', *analysis.keys, 'metric'])}, seeds as replicates"
+    replicates = ("seeds as replicates" if "init_seed" not in analysis.values.columns else
+                  "seeds as replicates (a seed is a distinct seed, init_seed and data_seed; runs pair on all three)")
+    return (f"- Cells: {' x '.join(['family', 'size', *analysis.keys, 'metric'])}, {replicates}"
             + (f"; also varying, not split on: {', '.join(unsplit)}" if unsplit else ""))
 
 
@@ -168,6 +171,36 @@ def _item_noise_lines(analysis: Analysis) -> list[str]:
             *md_table(["family", "metric", "where", "items", "item SE", "seed std"], table)]
 
 
+def _share(row: pd.Series, part: str) -> str:
+    """A variance component with its share of the total, "0 (truncated)" for a negative estimate."""
+    if row.get(f"{part}_truncated", False):
+        return "0 (truncated)"
+    share = row[f"share_{part}"]
+    return num(row[f"var_{part}"]) + ("" if pd.isna(share) else f" ({100 * share:.0f}%)")
+
+
+def _seed_source_lines(analysis: Analysis) -> list[str]:
+    """Where the seed spread comes from, for cells whose runs cross init and data seeds."""
+    sources = in_report_order(analysis, primary(analysis, analysis.seed_sources)) if not analysis.seed_sources.empty \
+        else analysis.seed_sources
+    if sources.empty:
+        return []
+    table = [[row["family"], analysis.label(row["metric"]), where(row, analysis.keys),
+              f"{row['n_init']} x {row['n_data']}", num(row["total_var"]), _share(row, "init"), _share(row, "data"),
+              _share(row, "residual")] for _, row in sources.iterrows()]
+    few = int(min(sources["n_init"].min(), sources["n_data"].min()))
+    truncated = bool((sources["init_truncated"] | sources["data_truncated"]).any())
+    return ["", "Where the seed spread comes from: each cell's runs cross init seeds (the model's"
+            " initialisation) with data seeds (the training data's order), one run per pair, and a two-way"
+            " random-effects ANOVA splits their variance into an init part, a data part and a residual (the"
+            " interaction and everything else). Variances with their share of the sum of the three."
+            + (" A negative estimate is set to 0, marked 'truncated': that source's spread is below what the"
+               " residual lets us see." if truncated else "")
+            + (f" With {few} seeds on an axis its part rests on {few - 1} degree{'s' if few > 2 else ''} of"
+               " freedom: read it as an order of magnitude." if few < 5 else ""), "",
+            *md_table(["family", "metric", "where", "init x data", "variance", "init", "data", "residual"], table)]
+
+
 def _look_verdicts(look: dict) -> str:
     """A look's verdicts per comparison (family, size and cell), each with the look that settled it
     (a settled verdict stays settled)."""
@@ -205,7 +238,7 @@ def how_sure_section(analysis: Analysis) -> list[str]:
                   " evaluation items matters."]
     if not rows.empty:
         lines += [*_floor_lines(analysis, rows), *_family_lines(analysis, rows), *_undecided_lines(analysis, rows)]
-    return lines + _item_noise_lines(analysis)
+    return lines + _item_noise_lines(analysis) + _seed_source_lines(analysis)
 
 
 def failed_section(analysis: Analysis) -> list[str]:

@@ -5,11 +5,12 @@ Everything the report writes (markdown.py, figures.py, console.py) reads an `Ana
 The report writes each table of `results_tables` to its own file, results/<table>.parquet and
 results/<table>.csv: runs (one row per finished run x metric, plus one row per run that is not
 done, with status and error), cells (`summarize`) and comparisons (`compare`, with the adaptive
-rule's verdicts where it decided); docs/store.md "Report outputs" gives their schemas."""
+rule's verdicts where it decided), and, for a sweep that crosses init and data seeds, seed_sources
+(`seed_sources`); docs/store.md "Report outputs" gives their schemas."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,8 @@ import pandas as pd
 
 from analysis.load import JOB_SECONDS, RunFileReader, Selection, load_paper_flops, load_sweep
 from analysis.sequential import DECIDING_COLUMNS, FINAL, comparison_key, rule_decisions
-from analysis.stats import BETTER, EQUIVALENT_VERDICTS, N_BOOT, NEGLIGIBLE, WORSE, cell_keys, compare, summarize
+from analysis.stats import (BETTER, EQUIVALENT_VERDICTS, N_BOOT, NEGLIGIBLE, WORSE, cell_keys, compare, seed_sources,
+                            summarize)
 from analysis.text import where
 from common.metrics import CurveSpec, MetricSpec
 from store.records import SweepManifest
@@ -57,6 +59,8 @@ class Analysis:
     curve_specs: dict[str, CurveSpec]
     paper_flops: pd.DataFrame  # the paper-scale FLOPs table the orchestrator stored
     missing: pd.DataFrame  # finished runs without a finite value of a metric their cell records (`missing_values`)
+    # Per cell whose runs cross init and data seeds, their variance split by source (`seed_sources`)
+    seed_sources: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def primary_metrics(self) -> tuple[str, ...]:
@@ -117,7 +121,7 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
         options=options, keys=tuple(keys), history=selection.history(),
         curves={name: selection.curves(name) for name, c in curve_specs.items() if c.kind != "data"},
         metric_specs=metric_specs, curve_specs=curve_specs, paper_flops=load_paper_flops(store_root, sweep),
-        missing=missing_values(selection.done_runs(), values, keys))
+        missing=missing_values(selection.done_runs(), values, keys), seed_sources=seed_sources(values, keys))
 
 
 MISSING_COLUMNS = ["family", "size", "metric", "n_runs", "n_missing", "run_ids", "seeds", "nan"]
@@ -195,6 +199,8 @@ def results_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     not_done = analysis.runs[analysis.runs["status"] != "done"]
     tables = {"runs": pd.concat([done, not_done], ignore_index=True),
               "cells": analysis.cells, "comparisons": analysis.comparisons}
+    if not analysis.seed_sources.empty:  # a sweep that crosses init and data seeds
+        tables["seed_sources"] = analysis.seed_sources
     return {name: table.assign(sweep=analysis.sweep)[["sweep", *(c for c in table.columns if c != "sweep")]]
             for name, table in tables.items()}
 

@@ -14,6 +14,15 @@ run a sweep lists or that has a directory, and the `sweep` column holds the earl
 that lists the run (ties broken by name), or None when no sweep lists it.
 A run listed by a sweep but without a state file yet counts as "pending", one whose state file
 cannot be parsed as "corrupt".
+
+Seeds: the `seed` column is the unit of replication, what comparisons pair on. A run's config has
+a `seed` and, since they were added, an `init_seed` and a `data_seed` (null: the seed; config/run.py).
+Where no selected run sets those apart from its seed, `seed` is the run's seed, as before them.
+Otherwise the selection's tables also have the columns `init_seed` and `data_seed` (the effective
+seeds) and `config_seed` (the configured `seed`, which the evaluations' draws follow), and `seed`
+numbers the distinct (config_seed, init_seed, data_seed) triples: a run whose three agree keeps its
+seed, the other triples are numbered after the largest such seed in sorted order. Runs of two
+families pair exactly when their triples agree. The init and data seeds are never cell keys.
 """
 
 from __future__ import annotations
@@ -39,6 +48,10 @@ KEY_COLUMNS = ["run_id", "sweep", "family", "size", "seed"]
 VALUE_COLUMNS = ["metric", "value", "higher_is_better"]
 ITEM_COLUMNS = ["metric", "item_id", "score", "weight"]
 RUN_KEYS = ["run_id", "family", "size", "seed"]
+# The columns of a selection in which some run sets init_seed or data_seed apart from its seed (the
+# effective seeds, and the configured seed): beside the key columns, never cell keys.
+SEED_AXES = ["init_seed", "data_seed"]
+SEED_COLUMNS = [*SEED_AXES, "config_seed"]
 JOB_SECONDS = "seconds."  # prefix of the run table's columns of job durations: seconds.train, ...
 # Config keys that become the key columns; every other varying key is reported as a dotted column.
 _KEY_CONFIG = {"seed": "seed", "family.name": "family", "model.name": "size"}
@@ -180,8 +193,33 @@ class Selection:
         jobs = sorted({job for taken in seconds for job in taken})
         for job in jobs:
             table[f"{JOB_SECONDS}{job}"] = [taken.get(job, float("nan")) for taken in seconds]
+        table = self._seed_units(table)
         table["seed"] = table["seed"].astype("Int64")
         return table.sort_values(["family", "size", "seed", "run_id"], ignore_index=True)
+
+    def _seed_units(self, table: pd.DataFrame) -> pd.DataFrame:
+        """`table` with `seed` the unit of replication (the module's docstring), and the SEED_COLUMNS
+        where some run sets an init or data seed apart from its seed."""
+        def effective(key: str) -> list:
+            return [seed if pd.isna(seed) or self.configs.groups[g].get(key) is None
+                    else int(self.configs.groups[g][key]) for g, seed in zip(table["group"], table["seed"])]
+        init, data = effective("init_seed"), effective("data_seed")
+        triples = list(zip(table["seed"], init, data))
+        plain = [pd.isna(s) or s == i == d for s, i, d in triples]  # no seed: a run without a config yet
+        if all(plain):
+            return table
+        first = 1 + max((int(s) for (s, _, _), p in zip(triples, plain) if p and not pd.isna(s)), default=-1)
+        composite = sorted({t for t, p in zip(triples, plain) if not p}, key=lambda t: tuple(
+            (1, 0) if pd.isna(v) else (0, int(v)) for v in t))
+        number = {t: first + n for n, t in enumerate(composite)}
+        table = table.assign(config_seed=table["seed"], init_seed=init, data_seed=data,
+                             seed=[s if p else number[t] for t, p, s in zip(triples, plain, table["seed"])])
+        return table.astype({c: "Int64" for c in SEED_COLUMNS})
+
+    @cached_property
+    def key_columns(self) -> list[str]:
+        """KEY_COLUMNS, and the SEED_COLUMNS where the selection has them."""
+        return [*KEY_COLUMNS, *(c for c in SEED_COLUMNS if c in self.table.columns)]
 
     def runs(self) -> pd.DataFrame:
         return self.table.drop(columns="group")
@@ -199,8 +237,8 @@ class Selection:
         runs exactly when it varies across the groups they use. A column mixing kinds of value
         (text and numbers) is turned into text so it stays one type."""
         used = sorted(set(self.done["group"]))
-        flat = pd.DataFrame([{k: v for k, v in self.configs.groups[g].items() if k not in _KEY_CONFIG}
-                             for g in used], index=used)
+        flat = pd.DataFrame([{k: v for k, v in self.configs.groups[g].items()
+                              if k not in _KEY_CONFIG and k not in SEED_AXES} for g in used], index=used)
         varying = sorted(c for c in flat.columns if flat[c].nunique(dropna=False) > 1)
         flat = flat[varying]
         for column in varying:
@@ -244,13 +282,13 @@ class Selection:
         return _Results(values, metrics, curve_specs, curves)
 
     def values(self) -> pd.DataFrame:
-        keyed = self.done[KEY_COLUMNS].merge(self.results.values, on="run_id", how="inner")
+        keyed = self.done[self.key_columns].merge(self.results.values, on="run_id", how="inner")
         return keyed.merge(self.varying_config(), left_on="run_id", right_index=True, how="left")
 
     def done_runs(self) -> pd.DataFrame:
         """One row per finished run, whatever it recorded: its key columns and the config keys that
         vary (as in `values`), so a run lacking a metric can be named in its cell."""
-        return self.done[KEY_COLUMNS].merge(self.varying_config(), left_on="run_id", right_index=True, how="left")
+        return self.done[self.key_columns].merge(self.varying_config(), left_on="run_id", right_index=True, how="left")
 
     def items(self) -> pd.DataFrame:
         keys = ["run_id", "family", "size", "seed"]

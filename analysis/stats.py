@@ -23,7 +23,7 @@ from scipy import integrate, optimize, special
 from statsmodels.stats.multitest import multipletests
 
 from analysis.bootstrap import HB_N_BOOT, hierarchical, item_noise, stable_rng
-from analysis.load import KEY_COLUMNS, VALUE_COLUMNS
+from analysis.load import KEY_COLUMNS, SEED_COLUMNS, VALUE_COLUMNS
 
 CELL_COLUMNS = ["family", "size", "metric", "higher_is_better", "n_seeds", "seeds", "mean", "std", "sem", "ci_level",
                 "ci_low", "ci_high", "boot_ci_low", "boot_ci_high", "boot_method", "n_boot",
@@ -103,7 +103,7 @@ def cell_keys(df: pd.DataFrame) -> list[str]:
     looped, a size's own steps), so it must not stop a family from pairing with the baseline. Keys in
     NON_CELL_PREFIXES and NON_CELL_KEYS are left out as well.
     """
-    standard = {*KEY_COLUMNS, *VALUE_COLUMNS}
+    standard = {*KEY_COLUMNS, *SEED_COLUMNS, *VALUE_COLUMNS}
     extra = [c for c in df.columns
              if c not in standard and not c.startswith(NON_CELL_PREFIXES) and c not in NON_CELL_KEYS]
     if not extra or df.empty:
@@ -668,3 +668,76 @@ def compare(df: pd.DataFrame, baseline: str = "dense", pairing: str = "paired",
     table["verdict"] = verdict_rule(table["p_adj"], table["ci_low"], table["ci_high"], table["tost_low"],
                                     table["tost_high"], table["delta_min"], alpha)
     return table.sort_values(["metric", "size", *keys, "family"], ignore_index=True)[columns]
+
+
+# ---- where the seed spread comes from: init x data (docs/statistics.md, "Where the seed spread comes from")
+
+SEED_SOURCE_COLUMNS = ["family", "size", "metric", "n_init", "n_data", "total_var", "ms_init", "ms_data",
+                       "ms_residual", "var_init", "var_data", "var_residual", "share_init", "share_data",
+                       "share_residual", "init_truncated", "data_truncated"]
+
+
+def variance_components(values: Sequence[float], init: Sequence, data: Sequence) -> dict[str, float | int | bool]:
+    """The between-run variance of one cell split into an initialisation part, a data-order part and
+    a residual, by the two-way random-effects ANOVA without replication: one run per (init seed,
+    data seed) of a complete a x b grid (a, b >= 2), y_ij = mu + I_i + D_j + e_ij.
+
+    With row (init) means m_i., column (data) means m_.j and grand mean m..,
+    MS_init = b sum_i (m_i. - m..)^2 / (a - 1), MS_data = a sum_j (m_.j - m..)^2 / (b - 1) and
+    MS_res = sum_ij (y_ij - m_i. - m_.j + m..)^2 / ((a - 1)(b - 1)); their expectations are
+    s_e^2 + b s_I^2, s_e^2 + a s_D^2 and s_e^2, so var_init = (MS_init - MS_res) / b,
+    var_data = (MS_data - MS_res) / a and var_residual = MS_res (which holds the init x data
+    interaction too: without replication it cannot be told apart from noise). A negative estimate
+    is set to 0 and flagged (init_truncated, data_truncated). The shares are each part over their
+    sum (NaN when all are 0); total_var is the plain variance of the values, for reference.
+
+    Raises ValueError when the runs are not such a grid (a pair twice or missing, a seed alone)."""
+    frame = pd.DataFrame({"value": np.asarray(values, float), "init": list(init), "data": list(data)})
+    if frame["value"].isna().any():
+        raise ValueError("variance_components: a value is NaN; leave such runs out first")
+    if frame.duplicated(["init", "data"]).any():
+        raise ValueError("variance_components: an (init, data) pair has several runs; the decomposition"
+                         " takes one run per pair")
+    grid = frame.pivot(index="init", columns="data", values="value")
+    a, b = grid.shape
+    if a < 2 or b < 2 or grid.isna().to_numpy().any():
+        raise ValueError(f"variance_components: the runs are not a complete grid of at least 2 init x 2 data"
+                         f" seeds ({a} init seeds x {b} data seeds, {len(frame)} runs)")
+    y = grid.to_numpy(float)
+    grand, rows, cols = y.mean(), y.mean(axis=1), y.mean(axis=0)
+    ms_init = b * float(np.sum((rows - grand) ** 2)) / (a - 1)
+    ms_data = a * float(np.sum((cols - grand) ** 2)) / (b - 1)
+    ms_res = float(np.sum((y - rows[:, None] - cols[None, :] + grand) ** 2)) / ((a - 1) * (b - 1))
+    raw_init, raw_data = (ms_init - ms_res) / b, (ms_data - ms_res) / a
+    parts = {"init": max(raw_init, 0.0), "data": max(raw_data, 0.0), "residual": ms_res}
+    total = sum(parts.values())
+    return {"n_init": a, "n_data": b, "total_var": float(np.var(y, ddof=1)),
+            "ms_init": ms_init, "ms_data": ms_data, "ms_residual": ms_res,
+            **{f"var_{k}": v for k, v in parts.items()},
+            **{f"share_{k}": v / total if total > 0 else math.nan for k, v in parts.items()},
+            "init_truncated": raw_init < 0, "data_truncated": raw_data < 0}
+
+
+def seed_sources(df: pd.DataFrame, by: Sequence[str] | None = None) -> pd.DataFrame:
+    """`variance_components` per cell (family, size, cell keys, metric) of the long table of
+    `analysis.load`, for the cells whose finite values form a complete grid of init x data seeds
+    (columns init_seed and data_seed, which `analysis.load` adds where a run sets them), at one
+    configured seed. Empty (with SEED_SOURCE_COLUMNS and the cell keys) without such cells."""
+    keys = _keys(df, by)
+    columns = _after_size(SEED_SOURCE_COLUMNS, keys)
+    if df.empty or not {"init_seed", "data_seed"} <= set(df.columns):
+        return pd.DataFrame(columns=columns)
+    cell_columns = ["family", "size", *keys, "metric"]
+    rows = []
+    values = df[np.isfinite(df["value"].astype(float))]
+    for cell_values, cell in values.groupby(cell_columns, sort=True, dropna=False):
+        if cell["metric"].iloc[0] and is_reference(cell["metric"].iloc[0]):
+            continue
+        if "config_seed" in cell.columns and cell["config_seed"].nunique(dropna=False) > 1:
+            continue  # evaluations follow the configured seed: runs at several are not one grid
+        try:
+            parts = variance_components(cell["value"], cell["init_seed"], cell["data_seed"])
+        except ValueError:
+            continue
+        rows.append({**dict(zip(cell_columns, cell_values)), **parts})
+    return pd.DataFrame(rows, columns=columns)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, TypeVar, Union
+from typing import Mapping, Optional, TypeVar, Union
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,8 +29,24 @@ RawConfig = Union[DictConfig, Mapping[str, object]]
 
 @dataclass(frozen=True)
 class JobConfig:
-    """What a job receives; it never sees the run config's other sections."""
+    """What a job receives; it never sees the run config's other sections.
+
+    `seed` seeds everything; `init_seed` and `data_seed` (null: `seed`) split off the model's
+    initialisation and the training data's order, so that the spread between runs can be told
+    apart by its source (docs/sweeps.md "Seeds"). Evaluations draw their own samples from `seed`."""
     seed: int = setting(ge=0, what="a non-negative integer")
+    init_seed: Optional[int] = setting(None, ge=0, what="a non-negative integer, or null for seed")
+    data_seed: Optional[int] = setting(None, ge=0, what="a non-negative integer, or null for seed")
+
+    @property
+    def effective_init_seed(self) -> int:
+        """The seed of the model's initialisation."""
+        return self.seed if self.init_seed is None else self.init_seed
+
+    @property
+    def effective_data_seed(self) -> int:
+        """The seed of the training data's order (the stream's batches, a fixed set's epochs)."""
+        return self.seed if self.data_seed is None else self.data_seed
     family: FamilyConfig = section(FamilyConfig)
     model: ModelConfig = section(ModelConfig)
     train: TrainConfig = section(TrainConfig)

@@ -89,7 +89,7 @@ def final_loss(history: list[dict]) -> float:
 
 def restore(cfg: JobConfig, run_dir: Path, device: torch.device) -> tuple[Decoder, torch.optim.Optimizer, dict]:
     """Model, optimizer and run tally from the newest readable checkpoint, or fresh ones."""
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.effective_init_seed)  # the initial weights: the only torch draw (growth copies layers)
     saved = latest_checkpoint(run_dir)
     model = build_model(cfg.family, cfg.model, saved["ancestors"] if saved else None).to(device)
     optimizer = build_optimizer(model, cfg.train)

@@ -2,7 +2,10 @@
 
 The command-line overrides are merged with the default grid of `hydra.sweeper.params` in
 conf/config.yaml exactly as Hydra's basic sweeper does (a key given on the command line replaces
-the default axis), and the cartesian product of the swept keys gives one override list per run."""
+the default axis), and the cartesian product of the swept keys gives one override list per run.
+One addition: a command line that gives `init_seed` or `data_seed` replaces the default `seed`
+axis too (the seed stays at conf/config.yaml's), so `init_seed=0,1 data_seed=0,1` is 4 runs, not
+4 at each default seed; give `seed=` as well to cross all three."""
 from __future__ import annotations
 
 import hashlib
@@ -72,7 +75,10 @@ def axes(cli_overrides: list[str]) -> dict[str, list[str]]:
         raise ConfigError(yaml_message(e)) from None
     merged: dict[str, list[str]] = {}
     groups = {p.name for p in config.CONF_DIR.iterdir() if p.is_dir()}
-    for o in _parse([f"{k}={v}" for k, v in default.items()]) + _parse(cli_overrides):
+    given = _parse(cli_overrides)
+    if {o.key_or_group for o in given} & set(SEED_KEYS[1:]):
+        default = {k: v for k, v in default.items() if k != "seed"}
+    for o in _parse([f"{k}={v}" for k, v in default.items()]) + given:
         key = o.get_key_element()
         if not o.key_or_group:
             raise ConfigError(f"malformed override {o.input_line!r}: no key before '='; write key=value")
@@ -104,17 +110,19 @@ def expand(cli_overrides: list[str]) -> tuple[list[GridPoint], str]:
 
 # Where a sweep runs, is stored and tracked does not name it, nor the seed noise its dry run plans with.
 NOT_IN_NAME = ("store.", "cluster", "tracker", "adaptive.seed_sd")
+# The seeds: other seeds extend a sweep (its runs are replicates of the same cells).
+SEED_KEYS = ("seed", "init_seed", "data_seed")
 MAX_NAME = 120  # characters of a sweep name (a directory under sweeps/)
 HASH_CHARS = 8  # of a long name's hash
 
 
 def named_axes(grid: dict[str, list[str]]) -> dict[str, list[str]]:
-    """What names a sweep: every axis but the seeds (and where it runs, is stored and tracked),
-    key -> sorted distinct values, so `seed=3,4` extends a sweep and `family=dense,lidas` and
-    `family=lidas,dense` are one sweep."""
+    """What names a sweep: every axis but the seeds (`SEED_KEYS`; and where it runs, is stored and
+    tracked), key -> sorted distinct values, so `seed=3,4` (or `init_seed=2`) extends a sweep and
+    `family=dense,lidas` and `family=lidas,dense` are one sweep."""
     return {key.lstrip("+~"): sorted({item.split("=", 1)[1] for item in items})
             for key, items in sorted(grid.items())
-            if key.lstrip("+~") != "seed" and not key.lstrip("+~").startswith(NOT_IN_NAME)}
+            if key.lstrip("+~") not in SEED_KEYS and not key.lstrip("+~").startswith(NOT_IN_NAME)}
 
 
 def default_sweep_name(grid: dict[str, list[str]]) -> str:

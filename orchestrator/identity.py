@@ -16,7 +16,12 @@ format 1 did: `data.train_sequences` (and the `data.validation_sequences` that g
 while it is null, the infinite stream of format 1; `data.warmup` (a curriculum) while it is null.
 `data.cut_at_context` never changes the data
 (it only decides whether planning refuses a context shorter than the longest instance; the
-generator cuts at the context's end as format 1 did), so it is never part of the id."""
+generator cuts at the context's end as format 1 did), so it is never part of the id.
+
+The seed keys added since, `init_seed` and `data_seed` (config/run.py), are in the id only where
+they change what the run computes: a key that is null, or equal to `seed`, behaves as format 1's
+single seed did and is left out. So every run planned before them keeps its id, and `init_seed=3
+seed=3` is the same run as `seed=3`: the effective seeds, not how they were spelled, decide."""
 from __future__ import annotations
 
 import copy
@@ -41,6 +46,8 @@ NON_SEMANTIC = ("cluster", "store", "resources", "tracker", "adaptive", "train.m
 FIXED_SET_KEYS = ("train_sequences", "validation_sequences")
 # Data settings in the id only when set (null behaves as format 1 did).
 NULL_AS_FORMAT1 = ("warmup",)
+# Top-level seeds in the id only when they differ from `seed` (null means `seed`).
+SEED_AXES = ("init_seed", "data_seed")
 
 # The form of format 1 (see the module docstring).
 FORMAT1_EVALUATIONS = ("regbench", "induction", "ablation", "gsm8k")
@@ -71,6 +78,9 @@ def semantic_config(cfg: Any) -> dict:
     for key in NULL_AS_FORMAT1:
         if out["data"].get(key, 0) is None:
             del out["data"][key]
+    for key in SEED_AXES:
+        if out.get(key) is None or out[key] == out.get("seed"):
+            out.pop(key, None)
     for section, keys in FORMAT1_SECTIONS.items():
         for key in keys:
             out[section].setdefault(key, None)
@@ -135,6 +145,8 @@ class SeedTemplates:
         self.parts = PerSiblings(self._split)
 
     def _split(self, cfg: Any) -> Optional[tuple[str, str]]:
+        if any(getattr(cfg, key, None) is not None for key in SEED_AXES):
+            return None  # whether an init or data seed is in the id depends on the seed: rendered whole
         parts = self.render(dataclasses.replace(cfg, seed=SEED_MARK)).split(str(SEED_MARK))
         return (parts[0], parts[1]) if len(parts) == 2 else None  # None: rendered whole
 
@@ -173,8 +185,18 @@ def _hash(text: str) -> str:
 
 
 def run_label(cfg: Any) -> str:
-    """Human name used in progress lines and trackers: `<family>-<size>-s<seed>`."""
-    return f"{cfg.family.name}-{cfg.model.name}-s{cfg.seed}"
+    """Human name used in progress lines and trackers: `<family>-<size>-s<seed>`, then `-i<init
+    seed>` and `-d<data seed>` for those set apart from the seed."""
+    return f"{cfg.family.name}-{cfg.model.name}-s{cfg.seed}{seed_axes_label(cfg)}"
+
+
+def seed_axes_label(cfg: Any) -> str:
+    """`-i<init seed>-d<data seed>`, each part only where it is set and differs from the seed (a
+    typed config or a stored dict, which may predate these keys)."""
+    get = cfg.get if isinstance(cfg, dict) else lambda key, default=None: getattr(cfg, key, default)
+    seed = get("seed")
+    return "".join(f"-{letter}{get(key)}" for letter, key in zip("id", SEED_AXES)
+                   if get(key) is not None and get(key) != seed)
 
 
 def config_dict(cfg: Any) -> dict:

@@ -4,7 +4,8 @@ real run's refusal, word for word). Each config is valid on its own by then (com
 these are the rules across the sweep, its cluster and its store:
 
     the report        runs that evaluate nothing leave nothing to report
-    adaptive seeding  the baseline family and another one in the grid, and more than one look
+    adaptive seeding  the baseline family and another one in the grid, more than one look, and
+                      no init_seed or data_seed (the looks add seeds only)
     the cluster       a job that no node of the chosen cluster can ever hold (Executor.check)
     the name          `--name` of a recorded sweep whose grid was another
     estimates         training far beyond its resources (CPU time, memory): a warning with the
@@ -43,6 +44,11 @@ def _check_adaptive(configs: list[Any]) -> None:
     require(a.baseline in families and len(families) > 1,
             f"adaptive.baseline={a.baseline}: the sweep's families are {families}; include the baseline and "
             f"at least one other family (family={a.baseline},lidas)")
+    split = next((c for c in configs if c.init_seed is not None or c.data_seed is not None), None)
+    require(split is None, f"adaptive.metric={a.metric}: adaptive seeding adds seeds (the `seed` key) to the"
+            f" arms; it does not add init or data seeds (init_seed={getattr(split, 'init_seed', None)},"
+            f" data_seed={getattr(split, 'data_seed', None)} here); leave them null, or run a fixed sweep"
+            " (adaptive.metric=null) to cross them")
     looks = a.schedule
     require(len(looks) > 1, f"adaptive.max_seeds={a.max_seeds}: a single look at {looks[0]} seeds adds no seeds "
             f"and decides nothing adaptively; raise adaptive.max_seeds above the first of adaptive.looks="

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.executors import recorded_executor
+from orchestrator.identity import seed_axes_label
 from store import index
 from store.records import RunState, SweepConfigs
 from store.store import CORRUPT, DONE, PENDING, RUNNING, WAITING, Store, StoreError
@@ -90,7 +91,7 @@ class Labels:
     def __call__(self, run_id: str) -> str:
         try:
             cfg = self.configs.config(run_id) if run_id in self.configs.runs else self.store.read_config(run_id)
-            return f"{cfg['family']['name']}-{cfg['model']['name']}-s{cfg['seed']}"
+            return f"{cfg['family']['name']}-{cfg['model']['name']}-s{cfg['seed']}{seed_axes_label(cfg)}"
         except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
             return "?"
 

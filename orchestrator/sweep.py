@@ -38,7 +38,7 @@ from jobs.registry import get_job
 from orchestrator import grid, preflight, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, executor_of, recorded_executor
-from orchestrator.identity import configs_record, run_id, settings_digest
+from orchestrator.identity import SEED_AXES, configs_record, run_id, settings_digest
 from orchestrator.plan import PlannedRun, gpu_hours, jobs_of, plan, resources_text
 from orchestrator.status import LISTED
 from orchestrator.upgrade import upgrade
@@ -108,7 +108,8 @@ class Sweep:
         for r in runs[:LISTED]:
             c = r.config
             hours = f"{gpu_hours(c):,.0f} GPU h" if c.resources.gpus > 0 else "CPU"
-            self.console.print(f"{r.run_id}  {c.family.name:<7} {c.model.name:<6} seed={c.seed:<3} "
+            seeds = "".join(f"{key}={getattr(c, key)} " for key in SEED_AXES if getattr(c, key) is not None)
+            self.console.print(f"{r.run_id}  {c.family.name:<7} {c.model.name:<6} seed={c.seed:<3} {seeds}"
                                f"{resources_text(c)}  {r.cost:.2e} FLOPs {hours}  "
                                f"{'cached' if r.cached else 'new'}")
         new = [r for r in runs if not r.cached]
@@ -263,19 +264,27 @@ def _distinct(configs: list[RunConfig]) -> list[RunConfig]:
 
 
 def _sections(c: RunConfig) -> tuple:
-    return tuple(id(getattr(c, f.name)) for f in dataclasses.fields(c) if f.name != "seed")
+    return tuple(id(getattr(c, f.name)) for f in dataclasses.fields(c) if f.name not in ("seed", *SEED_AXES))
+
+
+def _unit(c: RunConfig) -> int | tuple[int, int, int]:
+    """What a run pairs on (analysis/load.py): its seed, or its seed, init seed and data seed where
+    either of these is set apart from the seed."""
+    init, data = c.effective_init_seed, c.effective_data_seed
+    return c.seed if init == data == c.seed else (c.seed, init, data)
 
 
 def _arms(configs: list[RunConfig], seeds: Optional[Iterable[int]] = None) -> pd.DataFrame:
     """The planned run configs apart from their seeds, for analysis.planning: family, size, the
     config's dotted keys as the analysis reads them, and the seeds planned with each (`seeds`, when
-    given, for every one: an adaptive sweep's S_max)."""
-    planned: dict[tuple, set[int]] = {}
+    given, for every one: an adaptive sweep's S_max); a seed is a `_unit`, as the analysis pairs."""
+    planned: dict[tuple, set[int | tuple[int, int, int]]] = {}
     for c in configs:
-        planned.setdefault(_sections(c), set()).add(c.seed)
+        planned.setdefault(_sections(c), set()).add(_unit(c))
     rows = []
     for c in _distinct(configs):
-        flat = {k: v for k, v in flat_config(to_dict(c)).items() if k not in ("seed", "family.name", "model.name")}
+        flat = {k: v for k, v in flat_config(to_dict(c)).items()
+                if k not in ("seed", *SEED_AXES, "family.name", "model.name")}
         rows.append({"family": c.family.name, "size": c.model.name, **flat,
                      "seeds": frozenset(planned[_sections(c)] if seeds is None else seeds)})
     return pd.DataFrame(rows)

@@ -24,7 +24,7 @@ import pandas as pd
 
 from config.run import RunConfig
 from config.tracker import TrackerConfig
-from orchestrator.identity import run_label
+from orchestrator.identity import SEED_AXES, run_label
 from store.records import now
 from store.store import Store
 
@@ -234,6 +234,7 @@ def _group(cfg: RunConfig, sweep: Optional[str]) -> str:
 
 def _tags(cfg: RunConfig) -> list[str]:
     return [f"family={cfg.family.name}", f"size={cfg.model.name}", f"seed={cfg.seed}",
+            *(f"{key}={getattr(cfg, key)}" for key in SEED_AXES if getattr(cfg, key) is not None),
             f"backend={cfg.backend.name}"]
 
 

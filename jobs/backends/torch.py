@@ -22,7 +22,7 @@ from jobs.train import train
 class TorchBackend(Backend):
     def train(self, cfg: JobConfig, run_dir: Path, progress: Optional[Progress],
               rendezvous: Optional[Rendezvous] = None) -> JobResult:
-        stream = train_stream(cfg.data, cfg.seed, cfg.train.batch_size)
+        stream = train_stream(cfg.data, cfg.effective_data_seed, cfg.train.batch_size)
         metrics = train(cfg, run_dir, stream.batch, progress, validation=getattr(stream, "validation", None))
         history = pd.DataFrame(metrics.pop("history"))
         curves = {"ancestors": metrics.pop("ancestors")}

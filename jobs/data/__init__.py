@@ -1,7 +1,8 @@
 """Training and evaluation data. A data kind (`data.kind`, its config in config/data.py) builds
 its training stream with a function registered under its kind in this package (regbench.py,
 arith.py); a stream's batch at a step is a pure function of (data.seed, run seed, step), so
-resuming needs no stream state."""
+resuming needs no stream state. The run seed a trainer passes is the run's data seed
+(`data_seed`, null: `seed`; config/run.py); the model's initialisation follows `init_seed`."""
 from __future__ import annotations
 
 from typing import Callable, Protocol, TypeVar

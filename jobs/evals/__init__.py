@@ -7,6 +7,13 @@ dataclass) and the data kinds it runs on. Its job, registered here under the sam
 a spec per metric and curve it records (label, direction, headline and confirmatory roles;
 common/metrics.py), which the report reads from the store. See docs/extending.md for a worked
 example.
+
+An evaluation's own random draws (the induction eval's sequences, the ablation's random heads and
+reference batch, a permutation test's null) follow the run's `seed`, never `init_seed` or
+`data_seed`: they are how a trained model is measured, not how it was trained. Crossing init and
+data seeds at one `seed` then measures every model of the grid on the same draws, so the spread
+between them is the training's alone and splits into init and data parts (docs/statistics.md
+"Where the seed spread comes from"); sweeping `seed` as before varies all three together.
 """
 from __future__ import annotations
 

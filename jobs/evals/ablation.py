@@ -103,6 +103,8 @@ def _mean_score(scores: dict[str, np.ndarray], weights: dict[str, np.ndarray]) -
 
 
 def score(model: Decoder, cfg: JobConfig) -> JobResult:
+    # The run's seed, not its data seed, even for the reference batch: it is measuring data (a batch
+    # past the last training step), drawn alike for every init and data seed (jobs/evals/__init__.py).
     settings, seed = eval_settings(cfg.eval, "ablation", AblationSettings), cfg.seed
     induction = eval_settings(cfg.eval, "induction", InductionSettings)
     table = head_table(model, repeated_sequences(induction.sequences, induction.length, seed))

@@ -104,7 +104,7 @@ def render_stage(cfg: JobConfig, run_dir: Path, index: int, run_name: str,
     t, m, nt, lay = cfg.train, cfg.model, settings(cfg), layout(cfg)
     accumulation = t.batch_size // (lay.dp * nt.micro_batch_size)
     doc = {
-        "general": {"project": nt.project, "run": run_name, "seed": cfg.seed,
+        "general": {"project": nt.project, "run": run_name, "seed": cfg.effective_init_seed,
                     "step": None, "consumed_train_samples": None, "benchmark_csv_path": None,
                     "ignore_sanity_checks": True},
         "parallelism": {"dp": lay.dp, "pp": lay.pp, "tp": lay.tp, "pp_engine": "1f1b",
@@ -144,7 +144,7 @@ def render_stage(cfg: JobConfig, run_dir: Path, index: int, run_name: str,
                 "lr_decay_starting_step": None, "min_decay_lr": float(t.lr * t.min_lr_ratio)},
             "weight_decay_exclude_named_params": list(NORM_PARAMS)},
         "data_stages": [{"name": "train", "start_training_step": 1,
-                         "data": {"dataset": _dataset(cfg), "seed": cfg.seed,
+                         "data": {"dataset": _dataset(cfg), "seed": cfg.effective_data_seed,
                                   "num_loading_workers": 1},
                          "sequence_length": m.max_seq_len}],
         "lighteval": None,
