@@ -37,6 +37,13 @@ class JobConfig:
     seed: int = setting(ge=0, what="a non-negative integer")
     init_seed: Optional[int] = setting(None, ge=0, what="a non-negative integer, or null for seed")
     data_seed: Optional[int] = setting(None, ge=0, what="a non-negative integer, or null for seed")
+    family: FamilyConfig = section(FamilyConfig)
+    model: ModelConfig = section(ModelConfig)
+    train: TrainConfig = section(TrainConfig)
+    data: DataConfig = section(DataConfig)
+    eval: EvalSection = section(EvalSection)
+    resources: TrainResources = section(TrainResources)
+    backend: BackendConfig = section(BackendConfig)
 
     @property
     def effective_init_seed(self) -> int:
@@ -47,13 +54,6 @@ class JobConfig:
     def effective_data_seed(self) -> int:
         """The seed of the training data's order (the stream's batches, a fixed set's epochs)."""
         return self.seed if self.data_seed is None else self.data_seed
-    family: FamilyConfig = section(FamilyConfig)
-    model: ModelConfig = section(ModelConfig)
-    train: TrainConfig = section(TrainConfig)
-    data: DataConfig = section(DataConfig)
-    eval: EvalSection = section(EvalSection)
-    resources: TrainResources = section(TrainResources)
-    backend: BackendConfig = section(BackendConfig)
 
     @classmethod
     def section_types(cls, raw: RawConfig) -> dict[str, type]:

@@ -28,7 +28,7 @@ def micro_cfg(family: str = "dense", steps: int = 30, **growth) -> SimpleNamespa
             "block_layers": 2, "initial_blocks": 1, "alpha": 1.0, "optimizer_state": "copy", **growth})),
     }
     return SimpleNamespace(
-        seed=0, family=families[family](),
+        seed=0, effective_init_seed=0, effective_data_seed=0, family=families[family](),
         model=ModelConfig(name="micro", d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=16,
                           max_seq_len=32, rope_theta=10000.0, norm_eps=1e-5, init_std=0.02, block_size=2,
                           tie_embeddings=True),
