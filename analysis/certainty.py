@@ -8,7 +8,7 @@ import pandas as pd
 
 from analysis.compute import Analysis, confirmatory_rows, family_size, in_report_order, job_seconds_columns, primary
 from analysis.sequential import plan_comparisons
-from analysis.load import JOB_SECONDS, KEY_COLUMNS, SEED_COLUMNS, VALUE_COLUMNS
+from analysis.load import JOB_SECONDS, KEY_COLUMNS, NOT_RECORDED, SEED_COLUMNS, VALUE_COLUMNS
 from analysis.stats import BOOT_NOMINAL_N, BOOT_RELIABLE_N, DECIDED, SEEDS_MAX, p_min_mannwhitney, p_min_signflip
 from analysis.text import (EARLY_MEANING, LISTED_RUNS, has, have, level_text, margins, md_table, num, seeds_needed_text,
                            seeds_text, text,
@@ -45,7 +45,20 @@ def setup_section(analysis: Analysis) -> list[str]:
         f"- Equivalence margin and planning gap: delta_min = {margins(o.delta_min)}",
         f"- Analysis seed: {o.seed}",
         *_time_lines(analysis),
+        _environments_line(analysis),
     ]
+
+
+def _environments_line(analysis: Analysis) -> str:
+    """What produced the done runs' numbers (analysis/load.py `environment_text`), grouped by the
+    fields that can change them, the most common first: the same run gives the same numbers
+    within a group, and differs in its last bits between groups (docs/reliability.md)."""
+    done = analysis.runs.loc[analysis.runs["status"] == "done", "environment"]
+    if done.empty:
+        return "- Environments: no run is done"
+    counts = done.fillna(NOT_RECORDED).value_counts()
+    groups = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "- Environments: " + "; ".join(f"{text} ({n} run{'s' if n != 1 else ''})" for text, n in groups)
 
 
 EVAL_SHARE_NOTED = 0.25  # an evaluation taking more of a run than this is pointed out

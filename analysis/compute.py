@@ -47,7 +47,7 @@ class Analysis:
     """Everything a report shows, computed once from the store."""
     sweep: str
     spec: SweepManifest  # sweep.yaml
-    runs: pd.DataFrame
+    runs: pd.DataFrame  # load_runs' columns and `environment` (what produced a done run's numbers)
     values: pd.DataFrame
     cells: pd.DataFrame
     comparisons: pd.DataFrame
@@ -113,7 +113,7 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
     items = selection.items()
     keys = cell_keys(values) if options.by is None else list(options.by)
     return Analysis(
-        sweep=sweep, spec=spec, runs=selection.runs(), values=values,
+        sweep=sweep, spec=spec, runs=selection.runs().join(selection.environments(), on="run_id"), values=values,
         cells=summarize(values, 1 - options.alpha, options.n_boot, options.seed, by=keys, items=items),
         comparisons=decided(compare(values, options.baseline, options.pairing, primary,
                                     options.alpha, options.delta_min, options.seed, by=keys, items=items,
@@ -194,7 +194,7 @@ def decided(comparisons: pd.DataFrame, looks: list[dict], keys: list[str]) -> pd
 def results_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     """The report's tidy tables by name (TABLES), each with the sweep's name first: the files
     results/<name>.parquet and results/<name>.csv hold them."""
-    timing = ["run_id", *job_seconds_columns(analysis)]  # per run, on each of its rows
+    timing = ["run_id", *job_seconds_columns(analysis), "environment"]  # per run, on each of its rows
     done = analysis.values.assign(status="done").merge(analysis.runs[timing], on="run_id", how="left")
     not_done = analysis.runs[analysis.runs["status"] != "done"]
     tables = {"runs": pd.concat([done, not_done], ignore_index=True),

@@ -5,7 +5,8 @@ Only the store is read, through the store package (its layout, records and forma
 knows (1 without specs). What is read of each run: the resolved config (the sweep's configs file,
 or the run's config file once a job ran: seed, family.name, model.name (the size), ...), its state
 (status, error), its metrics (values, directions, curves and their specs, common/metrics.py), its
-per-example evaluation outputs (item_id, metric, score, weight) and its training log; of each
+per-example evaluation outputs (item_id, metric, score, weight), its training log and the
+environments its jobs ran in (environment.json: torch, CPU kernels or GPU, threads); of each
 sweep, its manifest (name, run_ids, created_at) and the paper-scale FLOPs table the orchestrator
 wrote.
 
@@ -40,7 +41,8 @@ import pandas as pd
 from common.atomic import read_json
 from common.metrics import CurveSpec, MetricSpec
 from store.layout import RUN_JSON, Layout
-from store.records import SweepConfigs, SweepManifest, read_config, read_manifest, read_sweep_configs
+from store.records import (Environment, SweepConfigs, SweepManifest, read_config, read_environment, read_manifest,
+                           read_sweep_configs)
 from store.store import format_of
 
 STATE, METRICS = RUN_JSON
@@ -53,6 +55,7 @@ RUN_KEYS = ["run_id", "family", "size", "seed"]
 SEED_AXES = ["init_seed", "data_seed"]
 SEED_COLUMNS = [*SEED_AXES, "config_seed"]
 JOB_SECONDS = "seconds."  # prefix of the run table's columns of job durations: seconds.train, ...
+NOT_RECORDED = "not recorded"  # the environment of a run of before environment.json (or whose file is unreadable)
 # Config keys that become the key columns; every other varying key is reported as a dotted column.
 _KEY_CONFIG = {"seed": "seed", "family.name": "family", "model.name": "size"}
 
@@ -231,6 +234,13 @@ class Selection:
     def run_dir(self, run_id: str) -> str:
         return self.layout.run(run_id).dir
 
+    def environments(self) -> pd.Series:
+        """What produced each finished run's numbers, indexed by run_id: `environment_text` of
+        every environment its jobs ran in (environment.json), joined by " + " where they differ
+        (a run resumed on another machine); NOT_RECORDED for a run without the file."""
+        return pd.Series([_run_environment(self.layout.run(run_id).environment) for run_id in self.done["run_id"]],
+                         index=self.done["run_id"], name="environment", dtype=object)
+
     def varying_config(self) -> pd.DataFrame:
         """The config keys whose values differ across the finished runs, one dotted column each
         (sorted by name), indexed by run_id. Computed over their groups: a key varies across the
@@ -320,6 +330,45 @@ class Selection:
     def curves(self, curve: str) -> pd.DataFrame:
         points = self.results.curves.get(curve, {})
         return self.per_run(lambda run_id: pd.DataFrame(points[run_id]) if run_id in points else None)
+
+
+def environment_text(env: Environment) -> str:
+    """An environment as the fields that can change a run's numbers: the torch version, the
+    device (CPU: ATen's kernel path; GPU: its name and compute capability), the threads and
+    processes, and the settings that choose kernels (deterministic algorithms, TF32, MKL's path).
+    The machine's name and model, python and numpy are left out: they do not change the numbers
+    where these are the same."""
+    if env.get("device") == "cuda":
+        device = env.get("gpu") or "a CUDA GPU"
+        device += f" (compute capability {env['gpu_capability']})" if env.get("gpu_capability") else ""
+    else:
+        device = f"CPU {env.get('cpu_capability', 'of unknown capability')}"
+    threads = env.get("threads")
+    parts = [f"torch {env.get('torch', '?')}", device,
+             f"{threads} thread{'s' if threads != 1 else ''}" + (" per process" if env.get("processes", 1) > 1 else "")]
+    if env.get("processes", 1) > 1:
+        parts.append(f"{env['processes']} processes")
+    if env.get("deterministic"):
+        parts.append("deterministic algorithms")
+    cudnn = env.get("cudnn") or {}
+    if cudnn.get("deterministic"):
+        parts.append("cudnn deterministic")
+    if cudnn.get("matmul_allow_tf32"):
+        parts.append("TF32 matmuls")
+    parts += [f"{k}={v}" for k, v in sorted((env.get("kernel_env") or {}).items()) if k != "ATEN_CPU_CAPABILITY"]
+    return ", ".join(parts)
+
+
+def _run_environment(path: str) -> str:
+    """`Selection.environments` of one run, from its environment.json at `path`."""
+    try:
+        record = read_environment(path)
+    except ValueError:
+        return NOT_RECORDED
+    entries = record.get("environments") if isinstance(record, dict) else None
+    texts = [environment_text(e["environment"]) for e in entries or []
+             if isinstance(e, dict) and isinstance(e.get("environment"), dict)]
+    return " + ".join(dict.fromkeys(texts)) or NOT_RECORDED
 
 
 def _frame(columns: dict[str, list]) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from common.settings import require, setting
 
@@ -10,9 +10,13 @@ if TYPE_CHECKING:
     from config.run import JobConfig
 
 
+CPU_CAPABILITIES = ("default", "avx2", "avx512", "sve256", "vsx", "zvector")  # what torch reads; x86: the first three
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """`max_retries`, `checkpoint_every` and `compile` do not change results (not in the run id)."""
+    """`max_retries`, `checkpoint_every`, `compile` and `cpu_capability` are not in the run id (the
+    last two move only the last bits, as the thread count does)."""
     steps: int = setting(gt=0)
     batch_size: int = setting(gt=0)
     lr: float = setting(gt=0)
@@ -26,6 +30,9 @@ class TrainConfig:
     log_every: int = setting(gt=0)
     max_retries: int = setting(ge=0)
     compile: bool = setting()  # torch.compile the model: a compilation per depth
+    # ATen's CPU kernels for every job of the run (ATEN_CPU_CAPABILITY), the same on machines of
+    # different kinds; null: each machine's own (jobs/environment.py, docs/reliability.md)
+    cpu_capability: Optional[str] = setting(None, choices=CPU_CAPABILITIES)
 
     def check(self, run: JobConfig) -> None:
         require(self.warmup_steps < self.steps,

@@ -32,6 +32,7 @@ from analysis.sequential import next_seeds, plan_comparisons, settled_verdicts
 from common.settings import ConfigError, from_dict, known_part, to_dict
 from config.tracker import TrackerConfig
 from jobs.backends import backend_of
+from jobs.environment import capability_env, restart_with
 from jobs.evals import EVALUATIONS
 from jobs.flops import flop_ratio
 from jobs.registry import get_job
@@ -402,6 +403,7 @@ def run_one(store_root: str, run_id: str) -> int:
     except FileNotFoundError:
         raise ConfigError(f"run {run_id}: no config.yaml in {store.run_dir(run_id)}; "
                           f"was it planned by a sweep of this store?") from None
+    restart_with(capability_env(cfg.train.cpu_capability))  # torch reads it before it computes anything
     for job in jobs_of(cfg):
         print(f"{run_id} {job}: {execute(job, run_id, store_root, cfg)[0]}", file=sys.stderr, flush=True)
     return 0

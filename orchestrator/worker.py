@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from common.atomic import write_parquet
 from config.run import RunConfig, job_dict
-from jobs import launch
+from jobs import environment, launch
 from jobs.backends import backend_of
 from jobs.checkpoint import keep_final_weights
 from jobs.contract import JobResult, Progress
@@ -25,7 +25,7 @@ from jobs.registry import get_job
 from orchestrator import tracking
 from orchestrator.identity import config_yaml, settings_digest
 from orchestrator.plan import bundle_of, done, jobs_of, processes_of, resources_of
-from store.records import RunState, now
+from store.records import Environment, RunState, now
 from store.store import DONE, WAITING, Store
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -76,8 +76,10 @@ def execute(job: str, run_id: str, store_root: str, cfg: RunConfig, *after: Any,
         state = store.recover(run_id, jobs)
         if done(state, job, cfg):
             return "cached", state
+        environment.check_capability(cfg.train.cpu_capability)  # before anything is written: a job that cannot run
         store.write_config(run_id, lambda: config_text or config_yaml(cfg))
-        state = store.start_job(run_id, job, jobs, state, node_id=_node_id(),  # where it runs (Ray node ids)
+        state = store.start_job(run_id, job, jobs, state, environment=_environment(cfg, job),
+                                node_id=_node_id(),  # where it runs (Ray node ids)
                                 **({"node_ids": rendezvous["node_ids"]} if rendezvous else {}))
         run_dir = store.run_dir(run_id)
         tracker = tracking.open_run(cfg, run_id, job, store_root, sweep)  # W&B; never raises
@@ -114,6 +116,16 @@ def execute(job: str, run_id: str, store_root: str, cfg: RunConfig, *after: Any,
             keep_final_weights(run_dir)  # under the claim: no job of the run reads them meanwhile
         tracker.finish()
     return DONE, state
+
+
+def _environment(cfg: RunConfig, job: str) -> tuple[str, Environment]:
+    """The environment the job computes in, with its id: this process's, with the thread count
+    and processes of its ranks when it runs several (`_multi_process`)."""
+    nodes, per_node = processes_of(cfg, job)
+    single = (nodes, per_node) == (1, 1) and not (job == "train" and cfg.backend.launches_ranks)
+    threads = None if single else max(1, resources_of(cfg, job).cpus // per_node)
+    gpu = resources_of(cfg, job).gpus > 0 and cfg.backend.device != "cpu"
+    return environment.recorded(threads, nodes * per_node, gpu)
 
 
 def execute_runs(store_root: str, runs: RunBatch, sweep: Optional[str] = None) -> list[RunState]:
@@ -164,6 +176,14 @@ def _multi_process(job: str, cfg: RunConfig, run_dir: Path, run_id: str, rendezv
             master_addr=rdv["master_addr"], master_port=rdv["master_port"],
             threads_per_proc=threads, on_line=relay, cwd=str(PROJECT_ROOT))
         return launch.load_result(result) if rdv["node_rank"] == 0 else None
+
+
+def process_options(cfg: RunConfig) -> dict:
+    """Ray options of a job's task for the environment variables its process must start with
+    (`train.cpu_capability`): a runtime_env, whose tasks Ray runs in worker processes started
+    with them (merged with the session's runtime_env, such as a shipped working_dir)."""
+    variables = environment.capability_env(cfg.train.cpu_capability)
+    return {"runtime_env": {"env_vars": variables}} if variables else {}
 
 
 def _rendezvous_point() -> dict:
@@ -218,7 +238,7 @@ def execute_nodes(job: str, run_id: str, store_root: str, cfg: RunConfig, *after
             num_cpus=0, scheduling_strategy=on(0)).remote())
         task = ray.remote(execute)
         refs = [task.options(num_cpus=bundle["CPU"], num_gpus=bundle["GPU"], memory=bundle["memory"],
-                             scheduling_strategy=on(i), max_retries=0,
+                             scheduling_strategy=on(i), max_retries=0, **process_options(cfg),
                              name=f"{run_id}:{job}:node{i}").remote(
                     job, run_id, store_root, cfg, config_text=config_text, sweep=sweep,
                     rendezvous={**point, "node_rank": i, "node_ids": node_ids})

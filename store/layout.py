@@ -8,6 +8,7 @@
     <root>/runs/<run_id>/items/<eval>.parquet  per-example outputs of an evaluation
     <root>/runs/<run_id>/checkpoints/        step_XXXXXXX.pt and their digests (store/integrity.py)
     <root>/runs/<run_id>/progress.json       the running job's progress
+    <root>/runs/<run_id>/environment.json    the environments (software, device, threads) its jobs ran in
     <root>/runs/<run_id>/.lock               the claim of the job working on the run
     <root>/sweeps/<name>/sweep.yaml          the sweep's manifest
     <root>/sweeps/<name>/configs/            each invocation's run configs, one file
@@ -30,6 +31,7 @@ TOP_LEVEL = (MARKER, RUNS, SWEEPS, INDEX, "wandb")  # what a store of ours holds
 # tracker's own directories, orchestrator/tracking.py)
 RUN_JSON = ("state.json", "metrics.json")  # a run's JSON files, parse-checked by `Store.inspect`
 STATE, METRICS = RUN_JSON
+ENVIRONMENT = "environment.json"  # not in RUN_JSON: damage to it never reruns a job (records.py)
 
 
 class RunPaths:
@@ -69,6 +71,10 @@ class RunPaths:
     @property
     def progress(self) -> str:
         return self.dir + "/progress.json"
+
+    @property
+    def environment(self) -> str:
+        return self.dir + "/" + ENVIRONMENT
 
     @property
     def lock(self) -> str:

@@ -12,10 +12,21 @@ invocation planned, in one file, sweeps/<name>/configs/<time>-<pid>.json:
 A config is what the run's config.yaml holds; the runs of one group of seed variants share one,
 with each run's own seed beside it, so 100,000 seeds of a grid point take one config and a line
 each. Files of later invocations add runs; a run planned again keeps its first entry (its config
-is the same: the run id is a hash of it)."""
+is the same: the run id is a hash of it).
+
+A run's environment file (`EnvironmentRecord`, runs/<id>/environment.json) holds every distinct
+environment its jobs ran in, in the order first used, each with the job and attempt that first used
+it; each job's entry in state.json names the environment of its latest attempt (`JobState.environment`,
+the entry's `id`). A job adds an entry only when no job of the run names its environment yet and
+the file lacks it, so a run whose jobs all ran on one machine writes the file once, and a run
+resumed on another machine keeps the first machine's entry beside the second's. The file is not in
+`RUN_JSON`: a damaged one is replaced by the next new environment's entry (never a rerun), and a
+reader takes it for "not recorded"."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional, TypedDict, cast
@@ -40,6 +51,7 @@ class JobState(TypedDict, total=False):
     settings: str  # the digest of the evaluation's settings it ran with (orchestrator/identity.py)
     waiting_for: str  # a multi-node job whose nodes the cluster cannot give now
     waiting_since: str  # when it began to wait for them
+    environment: str  # the id of the environment its latest attempt ran in (environment.json)
 
 
 class Recovery(TypedDict):
@@ -68,6 +80,45 @@ class Metrics(TypedDict, total=False):
     curves: dict[str, Any]  # curve -> {column: values}
     specs: dict[str, dict[str, Any]]
     curve_specs: dict[str, dict[str, Any]]
+
+
+class Environment(TypedDict, total=False):
+    """What produced a job's numbers, collected where it runs (jobs/environment.py). The fields
+    that can change results on CPU: torch, cpu_capability (ATen's kernels), threads, processes,
+    deterministic and kernel_env; on GPUs: torch_build, gpu, gpu_capability and cudnn too."""
+    python: str
+    numpy: str
+    torch: str  # torch.__version__, e.g. 2.13.0+cpu
+    torch_build: str  # "cpu", or "cuda 12.8" / "rocm 6.3": what torch was compiled for
+    device: str  # "cpu" or "cuda": where the job computed
+    cpu_capability: str  # ATen's CPU kernel path: torch.backends.cpu.get_cpu_capability(), e.g. AVX512
+    cpu_model: Optional[str]  # /proc/cpuinfo's model name; None where it cannot be read
+    gpu: Optional[str]  # the CUDA device's name (device "cuda")
+    gpu_capability: Optional[str]  # its compute capability, e.g. "9.0"
+    threads: int  # torch's intra-op threads, per process
+    processes: int  # the job's processes (its DDP ranks)
+    deterministic: bool  # torch.are_deterministic_algorithms_enabled()
+    cudnn: dict[str, bool]  # device "cuda": cudnn's deterministic, benchmark, allow_tf32; matmul_allow_tf32
+    kernel_env: dict[str, str]  # the environment variables that choose kernels, where set (ATEN_CPU_CAPABILITY, ...)
+    hostname: str
+    platform: str  # platform.platform()
+
+
+class EnvironmentUse(TypedDict):
+    job: str
+    attempt: int
+    at: str
+
+
+class EnvironmentEntry(TypedDict):
+    id: str  # `environment_id` of `environment`
+    first_used: EnvironmentUse
+    environment: Environment
+
+
+class EnvironmentRecord(TypedDict):
+    """runs/<id>/environment.json: every distinct environment the run's jobs ran in, first used first."""
+    environments: list[EnvironmentEntry]
 
 
 class Invocation(TypedDict):
@@ -141,6 +192,23 @@ def read_metrics(path: str) -> Optional[Metrics]:
 
 def write_metrics(path: str, metrics: Metrics, durable: bool = True) -> None:
     write_json(path, metrics, durable=durable)
+
+
+def environment_id(environment: Environment) -> str:
+    """12 hex digits of sha256 over the environment's canonical JSON: equal environments, equal ids."""
+    text = json.dumps(environment, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def read_environment(path: str) -> Optional[EnvironmentRecord]:
+    """A run's environments; None when missing (a run of before the file, or no job started yet),
+    ValueError when it cannot be parsed."""
+    return cast(Optional[EnvironmentRecord], read_json(path))
+
+
+def write_environment(path: str, record: EnvironmentRecord) -> None:
+    """Not fsync'ed, like the job start it goes with: lost in a power cut, it reads as not recorded."""
+    write_json(path, record, durable=False)
 
 
 def read_manifest(path: str) -> Optional[SweepManifest]:

@@ -40,9 +40,10 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Union
 from common.atomic import read_json, write_json, write_text
 from store import index, integrity
 from store.layout import FORMAT_VERSION, MARKER, METRICS, OWNER, RUN_JSON, STATE, TOP_LEVEL, Layout, RunPaths
-from store.records import (ConfigsRecord, Metrics, RunState, SlurmJob, SweepConfigs, SweepManifest, marker,
-                           new_manifest, now, read_config, read_manifest, read_metrics, read_state,
-                           read_sweep_configs, write_manifest, write_metrics, write_state, write_sweep_configs)
+from store.records import (ConfigsRecord, Environment, EnvironmentEntry, Metrics, RunState, SlurmJob, SweepConfigs,
+                           SweepManifest, marker, new_manifest, now, read_config, read_environment,
+                           read_manifest, read_metrics, read_state, read_sweep_configs, write_environment,
+                           write_manifest, write_metrics, write_state, write_sweep_configs)
 
 DONE, FAILED, RUNNING, PENDING, INTERRUPTED, CORRUPT = (
     "done", "failed", "running", "pending", "interrupted", "corrupt")
@@ -225,14 +226,42 @@ class Store:
         index.journal(self.layout.root).append(run_id, index.record(state))
 
     def start_job(self, run_id: str, job: str, jobs: list[str], state: Optional[RunState] = None,
-                  **fields: Any) -> RunState:
-        """Mark the job running here (plus `fields`). Not fsync'ed: lost in a power cut, the state
-        reads as before the start, and the job is rerun all the same."""
+                  environment: Optional[tuple[str, Environment]] = None, **fields: Any) -> RunState:
+        """Mark the job running here (plus `fields`), and the environment it runs in, given as
+        (`environment_id` of it, it): its id in the job's state, the environment itself in the
+        run's environment.json unless a job of the run already names it (records.py). Not
+        fsync'ed: lost in a power cut, the state reads as before the start, and the job is rerun
+        all the same."""
         state = self.read_state(run_id) if state is None else state
         attempts = state.get("jobs", {}).get(job, {}).get("attempts", 0) + 1
+        started = now()
+        if environment is not None:
+            env_id, env = environment
+            fields["environment"] = env_id
+            if all(entry.get("environment") != env_id for entry in state.get("jobs", {}).values()):
+                self._add_environment(run_id, {"id": env_id, "environment": env,
+                                               "first_used": {"job": job, "attempt": attempts, "at": started}})
         return self.update_job(run_id, job, jobs, False, state, status=RUNNING, attempts=attempts,
-                               started_at=now(), ended_at=None, host=socket.gethostname(),
+                               started_at=started, ended_at=None, host=socket.gethostname(),
                                pid=os.getpid(), error=None, **fields)
+
+    def _add_environment(self, run_id: str, entry: EnvironmentEntry) -> None:
+        """Append an environment to the run's environment.json (under the run's claim) unless it is
+        there already (its first use kept). A file that cannot be read, or is not such a record, is
+        replaced: damage to it loses earlier entries, never a job's results."""
+        entries = self.read_environment(run_id)
+        if all(e.get("id") != entry["id"] for e in entries):
+            write_environment(self.layout.run(run_id).environment, {"environments": [*entries, entry]})
+
+    def read_environment(self, run_id: str) -> list[EnvironmentEntry]:
+        """The environments the run's jobs ran in, first used first; [] when none is recorded or
+        the file cannot be read."""
+        try:
+            record = read_environment(self.layout.run(run_id).environment)
+        except ValueError:
+            return []
+        known = record.get("environments") if isinstance(record, dict) else None
+        return [e for e in known if isinstance(e, dict)] if isinstance(known, list) else []
 
     def end_job(self, run_id: str, job: str, jobs: list[str], error: Optional[str] = None,
                 durable: bool = True, state: Optional[RunState] = None, **fields: Any) -> RunState:

@@ -30,7 +30,7 @@ from orchestrator.executors import Executor, Outcome
 from orchestrator.identity import SeedTemplates
 from orchestrator.identity import config_yaml
 from orchestrator.plan import PlannedRun, bundle_of, check_fit, jobs_of, processes_of
-from orchestrator.worker import RunBatch, execute, execute_nodes, execute_runs
+from orchestrator.worker import RunBatch, execute, execute_nodes, execute_runs, process_options
 from store.records import RunState
 from store.store import DONE, FAILED, INTERRUPTED, RUNNING, Store
 
@@ -232,7 +232,8 @@ class Feed:
         for job in r.todo:
             after: list[Any] = [train_ref] if train_ref is not None else []  # Ray object refs
             fn = self.coordinate if multi_node(r.config, job) else self.remote
-            ref = fn.options(**job_resources(r.config, job), max_retries=r.config.train.max_retries,
+            ref = fn.options(**job_resources(r.config, job), **process_options(r.config),
+                             max_retries=r.config.train.max_retries,
                              retry_exceptions=infrastructure_failures(), name=f"{r.label}:{job}").remote(
                 job, r.run_id, self.root, r.config, *after, config_text=text, sweep=self.sweep)
             train_ref = ref if job == "train" else train_ref
@@ -240,7 +241,7 @@ class Feed:
 
     def _submit_batch(self, runs: list[PlannedRun]) -> None:
         first = runs[0]
-        ref = self.remote_batch.options(**job_resources(first.config, first.todo[0]),
+        ref = self.remote_batch.options(**job_resources(first.config, first.todo[0]), **process_options(first.config),
                                        max_retries=first.config.train.max_retries,
                                        retry_exceptions=infrastructure_failures(),
                                        name=f"{first.label}+{len(runs) - 1}").remote(
@@ -270,8 +271,10 @@ def _batchable(r: PlannedRun) -> bool:
 
 
 def _kind(r: PlannedRun) -> tuple:
-    """Runs of one kind take about as long as each other: the same jobs, family, size and steps."""
-    return (tuple(r.todo), r.config.family.name, r.config.model.name, r.config.train.steps)
+    """Runs of one kind take about as long as each other: the same jobs, family, size and steps;
+    and they share a task's process: the same CPU kernels (`process_options`)."""
+    return (tuple(r.todo), r.config.family.name, r.config.model.name, r.config.train.steps,
+            r.config.train.cpu_capability)
 
 
 RAY_OPTIONS: dict[str, Any] = dict(log_to_driver=False, logging_level="WARNING")  # of every ray.init here

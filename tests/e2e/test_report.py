@@ -701,7 +701,8 @@ def test_report_is_the_one_written_before_the_store_index_and_the_summarised_tab
     run tables) must not change a byte. The files were written again when the report began stating
     the decision procedure (look, level, correction family) and one sign (improvement > 0), and when
     "How to read this" began saying how the hierarchical p is computed (the studentised gap against
-    Student's t with the seeds' df)."""
+    Student's t with the seeds' df), and when the setup began listing the runs' environments (these
+    fake stores have no environment.json: "not recorded")."""
     report = write_report(request.getfixturevalue(fixture), name).read_text()
     assert report == (Path(__file__).parent.parent / "data" / "report_before_scale" / f"{fixture}.md").read_text()
 

@@ -269,3 +269,34 @@ def test_job_times_are_columns_of_the_run_table_and_one_line_of_the_report(store
         (store / "runs" / run_id / "state.json").write_text(json.dumps(state))
     report = write_report(store, "a").read_text()
     assert "regbench 45 s (38% of the run, more than a quarter)" in report
+
+
+def write_environments(root: Path, run_id: str, *environments: dict) -> None:
+    """runs/<id>/environment.json as the store writes it (store/store.py `start_job`)."""
+    entries = [{"id": f"e{i}", "first_used": {"job": "train", "attempt": i + 1, "at": "2025-01-01T00:00:00+00:00"},
+                "environment": env} for i, env in enumerate(environments)]
+    (root / "runs" / run_id / "environment.json").write_text(json.dumps({"environments": entries}))
+
+
+def test_the_setup_lists_the_environments_of_the_runs_grouped_by_what_changes_numbers(store):
+    """environment.json of each done run, grouped by torch, kernels and threads (not the host), is
+    one line of the report's setup and the `environment` column of results/runs; a run without the
+    file (written before it existed) is 'not recorded', a run resumed elsewhere names both."""
+    cpu = {"torch": "2.13.0+cpu", "device": "cpu", "cpu_capability": "AVX512", "threads": 1, "processes": 1,
+           "deterministic": False, "kernel_env": {}, "hostname": "a", "cpu_model": "AMD EPYC"}
+    write_environments(store, "d0", cpu)
+    write_environments(store, "d1", {**cpu, "hostname": "b", "cpu_model": "Intel Xeon"})  # another host, same kernels
+    write_environments(store, "l0", cpu, {**cpu, "cpu_capability": "AVX2"})  # resumed on another kind of machine
+    (store / "runs" / "l2" / "environment.json").write_text("{}")  # failed: not counted
+    report = write_report(store, "a").read_text()
+    (line,) = [line for line in report.splitlines() if line.startswith("- Environments")]
+    assert line == ("- Environments: torch 2.13.0+cpu, CPU AVX512, 1 thread (2 runs);"
+                    " not recorded (1 run);"
+                    " torch 2.13.0+cpu, CPU AVX512, 1 thread + torch 2.13.0+cpu, CPU AVX2, 1 thread (1 run)")
+    written = pd.read_csv(store / "sweeps" / "a" / "results" / "runs.csv").drop_duplicates("run_id").set_index("run_id")
+    assert written.loc["d1", "environment"] == "torch 2.13.0+cpu, CPU AVX512, 1 thread"
+    assert written.loc["l1", "environment"] == "not recorded" and pd.isna(written.loc["l2", "environment"])
+    assert list(load_runs(store, "a").columns) == ["run_id", "sweep", "family", "size", "seed", "status", "error"]
+
+    (store / "runs" / "l1" / "environment.json").write_text('{"environments": [')  # damaged: not recorded
+    assert analyse(store, "a").runs.set_index("run_id").loc["l1", "environment"] == "not recorded"
