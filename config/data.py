@@ -2,6 +2,7 @@
 generates its training stream is its behaviour (jobs/data/, registered under the same kind)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Protocol, TypedDict
 
@@ -64,8 +65,11 @@ class WarmupRanges(TypedDict, total=False):
 class DataWarmupConfig:
     """data.warmup: a data curriculum. The first `steps` training steps draw their automata (as
     many as data.train_automata, from a pool of their own) and strings from these ranges; null
-    keeps the regime's own range. Later steps are the regime itself."""
-    steps: int = setting(gt=0)
+    keeps the regime's own range. Later steps are the regime itself. `share` instead of `steps`:
+    that share of train.steps (rounded), so that a shorter or longer run keeps its proportions;
+    `steps`, when set, wins."""
+    steps: Optional[int] = setting(None, gt=0)
+    share: Optional[float] = setting(None, gt=0, lt=1)
     num_states: Optional[list[int]] = setting(None, length=2, ascending=True, ge=2,
                                               what="[low, high] with 2 <= low <= high (no self-loops)")
     alphabet_size: Optional[list[int]] = setting(None, length=2, ascending=True, ge=1, what=_RANGE)
@@ -111,8 +115,15 @@ class RegBenchDataConfig(DataConfig):
     # true: the data option declares that its instances may be longer than the context and are
     # cut at its end (regbench_easy: as many strings as fit); false: such a context is refused.
     cut_at_context: bool = setting(False)
-    # Not set in conf/data/ (conf/experiment/miniature.yaml sets it): null = no curriculum.
+    # Not set in conf/data/ (conf/size/data/tiny_regbench_easy.yaml and conf/experiment/miniature.yaml
+    # set it): null = no curriculum.
     warmup: Optional[DataWarmupConfig] = setting(None)
+
+    def derive(self, run: JobConfig) -> dict[str, object]:
+        """A warm-up given as a share of train.steps gets its steps."""
+        if self.warmup is None or self.warmup.steps is not None or self.warmup.share is None:
+            return {}
+        return {"warmup": dataclasses.replace(self.warmup, steps=max(1, round(self.warmup.share * run.train.steps)))}
 
     def check(self, run: JobConfig) -> None:
         super().check(run)
@@ -135,6 +146,8 @@ class RegBenchDataConfig(DataConfig):
             self._check_warmup(self.warmup, run)
 
     def _check_warmup(self, warmup: DataWarmupConfig, run: JobConfig) -> None:
+        require(warmup.steps is not None, "data.warmup: give its length, data.warmup.steps or data.warmup.share")
+        assert warmup.steps is not None  # for the type checker: require raised otherwise
         require(warmup.steps < run.train.steps,
                 f"data.warmup.steps={warmup.steps}: must be fewer than train.steps={run.train.steps}, "
                 f"or the regime itself is never trained on")

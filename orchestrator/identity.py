@@ -14,6 +14,8 @@ computed again on the run's checkpoint, never mixed with the new meaning.
 Data settings added since format 1 are left out while they are at the value that behaves as
 format 1 did: `data.train_sequences` (and the `data.validation_sequences` that goes with it)
 while it is null, the infinite stream of format 1; `data.warmup` (a curriculum) while it is null.
+A warm-up's `share` is never part of the id: the steps it gives are (derived before the id is
+computed), so a warm-up of 600 steps is the same run however it was given.
 `data.cut_at_context` never changes the data
 (it only decides whether planning refuses a context shorter than the longest instance; the
 generator cuts at the context's end as format 1 did), so it is never part of the id.
@@ -82,6 +84,8 @@ def semantic_config(cfg: Any) -> dict:
     for key in SEED_AXES:
         if out.get(key) is None or out[key] == out.get("seed"):
             out.pop(key, None)
+    if isinstance(out["data"].get("warmup"), dict):
+        out["data"]["warmup"].pop("share", None)  # the means: the steps it gave are the meaning
     for section, keys in FORMAT1_SECTIONS.items():
         for key in keys:
             out[section].setdefault(key, None)

@@ -108,22 +108,57 @@ def regbench_data(data: DataConfig) -> RegBenchDataConfig:
 # ----------------------------------------------------------------------------- automata
 
 
+# Automata are built one at a time (100,000 for a pool): on tables of at most a few dozen states
+# numpy's per-call overhead dominates, so the state-by-state work below is plain Python over
+# each state's outgoing transitions, (symbol, target) pairs in ascending symbol order.
+Transitions = list[list[tuple[int, int]]]
+
+
+def _transitions(delta: np.ndarray) -> Transitions:
+    return [[(symbol, target) for symbol, target in enumerate(row) if target >= 0]
+            for row in np.asarray(delta).tolist()]
+
+
+def _canonical_table(out: Transitions, start: int) -> np.ndarray:
+    """`canonical` of the table whose state s has the transitions out[s]."""
+    new_id = {start: 0}
+    order = [start]
+    for state in order:  # ``order`` grows while we iterate: a BFS queue
+        for _, target in out[state]:
+            if target not in new_id:
+                new_id[target] = len(order)
+                order.append(target)
+    table = np.full((len(order), N_SYMBOLS), -1, dtype=np.int64)
+    for row, state in enumerate(order):
+        for symbol, target in out[state]:
+            table[row, symbol] = new_id[target]
+    return table
+
+
 def canonical(delta: np.ndarray, start: int = 0) -> np.ndarray:
     """Renumber states in BFS order from ``start`` over ascending symbols, dropping
     unreachable ones. Two trimmed DFAs are isomorphic iff their canonical tables match.
 
     ``delta[state, symbol]`` is the next state, or -1 where the transition is missing.
     """
-    new_id = {start: 0}
-    order = [start]
-    for state in order:  # ``order`` grows while we iterate: a BFS queue
-        for target in delta[state][delta[state] >= 0]:
-            if int(target) not in new_id:
-                new_id[int(target)] = len(order)
-                order.append(int(target))
-    relabel = np.full(len(delta) + 1, -1)  # index -1 keeps missing transitions missing
-    relabel[list(new_id)] = list(new_id.values())
-    return relabel[delta[order]]
+    return _canonical_table(_transitions(delta), start)
+
+
+def _minimal_table(out: Transitions, start: int = 0) -> np.ndarray:
+    """`minimise` of the table whose state s has the transitions out[s]."""
+    block, count = [0] * len(out), 1
+    while True:
+        ids: dict[tuple, int] = {}  # a state's block and its successors' blocks by symbol -> new block
+        refined = [ids.setdefault((block[s], tuple((a, block[t]) for a, t in moves)), len(ids))
+                   for s, moves in enumerate(out)]
+        if len(ids) == count:
+            break
+        block, count = refined, len(ids)
+    representative: dict[int, int] = {}  # block -> its first state
+    for state, b in enumerate(block):
+        representative.setdefault(b, state)
+    quotient = [[(a, block[t]) for a, t in out[representative[b]]] for b in range(count)]
+    return _canonical_table(quotient, block[start])
 
 
 def minimise(delta: np.ndarray, start: int = 0) -> np.ndarray:
@@ -132,18 +167,7 @@ def minimise(delta: np.ndarray, start: int = 0) -> np.ndarray:
     Moore partition refinement: missing transitions lead to an implicit rejecting sink,
     so two states are equivalent iff they allow the same symbol sets all the way down.
     """
-    block = np.zeros(len(delta), dtype=np.int64)
-    while True:
-        successor_blocks = np.where(delta >= 0, block[delta], -1)
-        signature = np.column_stack([block, successor_blocks])
-        ids: dict[bytes, int] = {}  # faster than np.unique(axis=0) on these tiny tables
-        refined = np.array([ids.setdefault(row.tobytes(), len(ids)) for row in signature])
-        if refined.max() == block.max():
-            break
-        block = refined
-    representative = np.unique(block, return_index=True)[1]
-    quotient = np.where(delta[representative] >= 0, block[delta[representative]], -1)
-    return canonical(quotient, int(block[start]))
+    return _minimal_table(_transitions(delta), start)
 
 
 @dataclass(frozen=True)
@@ -160,7 +184,12 @@ class Automaton:
 
     @classmethod
     def from_transitions(cls, delta: np.ndarray) -> Automaton:
-        table = minimise(np.asarray(delta, dtype=np.int64)).astype(np.int32)
+        return cls.of_minimal(minimise(np.asarray(delta, dtype=np.int64)))
+
+    @classmethod
+    def of_minimal(cls, table: np.ndarray) -> Automaton:
+        """From a table that `minimise` returned."""
+        table = table.astype(np.int32)
         return cls(len(table), table.tobytes())
 
     @property
@@ -181,10 +210,10 @@ def random_automaton(rng: np.random.Generator, cfg: RegBenchConfig) -> Automaton
     target_keys = rng.random((n, n))
     np.fill_diagonal(target_keys, np.inf)  # self comes last, never among the first n - 1
     targets = target_keys.argsort(axis=1)
-    state, slot = np.nonzero(np.arange(n - 1) < k[:, None])
-    delta = np.full((n, N_SYMBOLS), -1)
-    delta[state, symbols[state, slot]] = targets[state, slot]
-    return Automaton.from_transitions(delta)
+    symbols_of, targets_of = symbols.tolist(), targets.tolist()
+    out = [sorted(zip(symbols_of[state][:k_state], targets_of[state][:k_state]))
+           for state, k_state in enumerate(k.tolist())]
+    return Automaton.of_minimal(_minimal_table(out))
 
 
 def _sample_distinct(rng: np.random.Generator, cfg: RegBenchConfig, count: int,
@@ -200,10 +229,16 @@ def _sample_distinct(rng: np.random.Generator, cfg: RegBenchConfig, count: int,
 
 
 @lru_cache(maxsize=4)
+def _heldout_pool(cfg: RegBenchConfig) -> tuple[Automaton, ...]:
+    """From its own stream: it stays fixed when train_automata changes, and the evaluations, which
+    need only it, do not build the training pool (100,000 automata take seconds)."""
+    return _sample_distinct(np.random.default_rng([cfg.seed, _HELDOUT_POOL]), cfg, cfg.heldout_automata,
+                            frozenset())
+
+
+@lru_cache(maxsize=4)
 def _pools(cfg: RegBenchConfig) -> tuple[tuple[Automaton, ...], tuple[Automaton, ...]]:
-    # Held-out first, from its own stream: it stays fixed when train_automata changes.
-    heldout = _sample_distinct(np.random.default_rng([cfg.seed, _HELDOUT_POOL]), cfg,
-                               cfg.heldout_automata, frozenset())
+    heldout = _heldout_pool(cfg)
     train = _sample_distinct(np.random.default_rng([cfg.seed, _TRAIN_POOL]), cfg,
                              cfg.train_automata, frozenset(heldout))
     return train, heldout
@@ -293,7 +328,7 @@ def _warmup_pool(warmup: RegBenchConfig, regime: RegBenchConfig) -> tuple[Automa
     warm-up ranges and in the regime's, so the regime's held-out automata are excluded, as they
     are from its training pool."""
     return _sample_distinct(np.random.default_rng([warmup.seed, _WARMUP_POOL]), warmup, warmup.train_automata,
-                            frozenset(_pools(regime)[1]))
+                            frozenset(_heldout_pool(regime)))
 
 
 class TrainStream:
@@ -453,12 +488,12 @@ def build_eval_set(automata: Sequence[Automaton], data_cfg: DataSpec, n_instance
 
 @lru_cache(maxsize=4)
 def _heldout_set(cfg: RegBenchConfig, n_instances: int) -> EvalSet:
-    return build_eval_set(_pools(cfg)[1], cfg, n_instances, np.random.default_rng([cfg.seed, _HELDOUT_STRINGS]))
+    return build_eval_set(_heldout_pool(cfg), cfg, n_instances, np.random.default_rng([cfg.seed, _HELDOUT_STRINGS]))
 
 
 def heldout_walks(data_cfg: DataSpec, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
     """``[n, length]`` symbols: a random walk of held-out automaton i % heldout_automata per row."""
-    pool = _pools(RegBenchConfig.parse(data_cfg).automata)[1]
+    pool = _heldout_pool(RegBenchConfig.parse(data_cfg).automata)
     return _PoolTables(pool).walk(np.arange(n) % len(pool), length, rng)[0]
 
 

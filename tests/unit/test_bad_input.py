@@ -72,7 +72,7 @@ CASES = [
      "family.loop.block_layers=7: block plus prelude and coda (13 layers) exceed model.n_layers=6"),
     (["sweep", "family=looped", "family.loop.loops=0"], 2,
      "family.loop.loops=0: a looped model needs loops >= 2 (set family.loop.loops"),
-    (["sweep", "family=lidas", "train.steps=2", "train.warmup_steps=0"], 2,
+    (["sweep", "family=lidas", "family.growth.initial_blocks=1", "train.steps=2", "train.warmup_steps=0"], 2,
      "train.steps=2: fewer than the 3 growth stages; raise train.steps"),
     (["sweep", "size=micro", "model.n_heads=5"], 2, "model.n_heads=5: must divide model.d_model=32"),
     (["sweep", "model.n_kv_heads=3"], 2, "model.n_kv_heads=3: must divide model.n_heads=2"),

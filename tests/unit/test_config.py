@@ -32,6 +32,9 @@ from orchestrator.executors import EXECUTORS
 from orchestrator.identity import run_id, semantic_config
 
 FORMAT1 = Path(__file__).parent.parent / "data" / "format1_configs.json"
+# tiny on regbench_easy as format 1 composed it, before the default regime (docs/miniature.md)
+TINY_FORMAT1 = ["train.steps=1500", "train.batch_size=32"]
+TINY_EASY_FORMAT1 = ["data.train_automata=2000", "data.warmup=null"]
 # What the error messages list, from the registries and conf/: adding a family or a size changes no test.
 FAMILY_NAMES = ", ".join(FAMILIES.names())
 SIZE_NAMES = ", ".join(sorted(path.stem for path in (CONF_DIR / "size").glob("*.yaml")))
@@ -144,7 +147,8 @@ def test_run_id_ignores_where_and_how_but_not_what():
     (["model.n_heads=5"], "must divide model.d_model"),
     (["family=looped", "family.loop.loops=0"], "loops >= 2"),
     (["family=lidas", "family.growth.initial_blocks=3"], "does not grow"),
-    (["family=lidas", "train.steps=2", "train.warmup_steps=0"], "fewer than the 3 growth stages"),
+    (["family=lidas", "family.growth.initial_blocks=1", "train.steps=2", "train.warmup_steps=0"],
+     "fewer than the 3 growth stages"),
     (["family=looped", "family.loop.block_layers=7"], "exceed model.n_layers"),
     (["eval.jobs=[nope]"],
      f"eval.jobs=nope: no such evaluation (did you mean noop?); choose one of: {EVALUATION_NAMES}"),
@@ -172,6 +176,14 @@ def test_run_ids_of_format_1_are_kept():
                 with pytest.raises(ConfigError, match="shorter than the longest instance"):
                     compose_run(overrides)
                 overrides = [*overrides, "data.cut_at_context=true"]
+            if case["config"]["model"]["name"] == "tiny" and data["kind"] == "regbench":
+                # tiny's defaults changed since (the default regime, docs/miniature.md); restated,
+                # format 1's defaults are the same runs
+                overrides = [*overrides, *TINY_FORMAT1]
+                if data["name"] == "regbench_easy":
+                    overrides += TINY_EASY_FORMAT1
+            if case["config"]["model"]["name"] == "tiny" and case["config"]["family"]["name"] == "lidas":
+                overrides.append("family.growth.initial_blocks=1")
             assert run_id(compose_run(overrides)) == case["run_id"], overrides
             assert run_id(case["config"]) == case["run_id"]
     stored = next(c["config"] for c in cases if c["config"]["family"]["name"] == "lidas")
@@ -292,6 +304,28 @@ def test_a_data_curriculum_is_part_of_the_id_only_when_set():
     assert run_id(warm) != run_id(plain)
     assert {cfg.data.warmup.steps for cfg in preset.values()} == {2500}
     assert preset["lidas"].family.growth.initial_blocks == 2
+
+
+def test_the_default_regime_and_a_warmup_given_as_a_share():
+    """tiny on regbench_easy (the demo) trains with a curriculum of 55% of its steps, 100,000
+    automata and LIDAS from 2 blocks; a share gives its steps (the id sees only the steps), steps
+    given win, and a warm-up of no length is refused. Other sizes and data keep their defaults."""
+    with hydra_session():
+        demo = {f: compose_run([f"family={f}"]) for f in ("lidas", "looped", "dense")}
+        short = compose_run(["train.steps=200"])
+        as_steps = compose_run(["data.warmup.steps=605"])
+        steps_win = compose_run(["data.warmup.steps=300"])
+        micro, arith = compose_run(["size=micro", "family=lidas"]), compose_run(["data=arith"])
+        with pytest.raises(ConfigError, match="give its length"):
+            compose_run(["size=micro", "+data.warmup.num_states=[6,12]"])
+    warmup = demo["dense"].data.warmup
+    assert (warmup.share, warmup.steps, demo["dense"].train.steps) == (0.55, 605, 1100)
+    assert demo["dense"].data.train_automata == 100_000 and demo["dense"].train.batch_size == 64
+    assert demo["lidas"].family.growth.initial_blocks == 2
+    assert short.data.warmup.steps == 110 and steps_win.data.warmup.steps == 300
+    assert run_id(as_steps) == run_id(demo["dense"]) and "share" not in semantic_config(as_steps)["data"]["warmup"]
+    assert micro.data.warmup is None and micro.family.growth.initial_blocks == 1
+    assert arith.data.kind == "arith"
 
 
 def test_the_config_package_imports_without_torch_jobs_or_the_orchestrator():

@@ -14,7 +14,10 @@ from orchestrator.config import RunConfig, compose_run, hydra_session
 
 def config(*overrides: str) -> RunConfig:
     with hydra_session():
+        # LIDAS from one block (2 -> 4 -> 6 layers), and no data curriculum (nanotron trains on its
+        # own dataset): not the demo's regime (conf/size/data, conf/size/family), the bridge's cases.
         return compose_run(["size=tiny", "family=lidas", "tracker=none", "backend=nanotron",
+                            "family.growth.initial_blocks=1", "data.warmup=null",
                             "resources.gpus=1", "backend.nanotron.micro_batch_size=4",
                             "model.n_kv_heads=1", *overrides])  # grouped-query: q, k, v differ in size
 

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository
 def config(*overrides: str) -> RunConfig:
     with hydra_session():
         return compose_run(["size=tiny", "family=lidas", "tracker=none", "backend=nanotron",
-                            "model.n_layers=4", "train.steps=12", "train.warmup_steps=2",
+                            "model.n_layers=4", "family.growth.initial_blocks=1", "data.warmup=null",
+                            "train.steps=12", "train.warmup_steps=2",
                             "train.checkpoint_every=4", "resources.gpus=1",
                             "backend.nanotron.micro_batch_size=4",
                             f"backend.nanotron.run_train={ROOT / 'tests' / 'nanotron_stand_in.py'}",

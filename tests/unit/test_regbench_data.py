@@ -1,5 +1,6 @@
 import copy
 import dataclasses
+import hashlib
 
 import numpy as np
 import pytest
@@ -79,6 +80,17 @@ def test_pools_distinct_disjoint_and_deterministic():
         assert 1 <= automaton.n_states <= 5 and (delta >= 0).any(axis=1).all()  # no dead ends
         assert len(np.flatnonzero((delta >= 0).any(axis=0))) <= 6
         np.testing.assert_array_equal(minimise(delta), delta)  # stored minimal and canonical
+
+
+def test_pools_are_the_automata_they_always_were():
+    """Pools are data: a faster generator must draw exactly the same automata (digests of pools
+    drawn before the generator's state-by-state work moved from numpy to plain Python)."""
+    wide = dataclasses.replace(SMALL, num_states=[2, 12], alphabet_size=[4, 18], transitions_per_state=[1, 4],
+                               train_automata=3000)
+    for cfg, expected in ((SMALL, "4bb40f92db4fcb5b"), (wide, "0bb24e3c650f749a")):
+        train, heldout = sample_automata(cfg)
+        pools = b"".join(bytes([a.n_states]) + a.table_bytes for a in train + heldout)
+        assert hashlib.sha256(pools).hexdigest()[:16] == expected
 
 
 def test_train_stream_deterministic_and_stateless():
