@@ -104,14 +104,23 @@ class InductionSettings:
                 f"model.max_seq_len={run.model.max_seq_len}")
 
 
+# The head counts eval.ablation.ks may name: a job records only declared metrics, so the graded
+# metrics (`ablation_drop_f1_k<k>`, jobs/evals/ablation.py) are declared for this fixed set, doubling.
+ABLATION_KS = tuple(2 ** i for i in range(11))  # 1, 2, 4, ..., 1024
+
+
 @dataclass(frozen=True)
 class AblationSettings:
-    """eval.ablation: every fraction in one job (eval settings are semantic, so a sweep over
-    `fraction` would retrain); `fraction` gives the headline metrics."""
+    """eval.ablation: every fraction in one job (these settings were part of the run id in format 1,
+    so a sweep over `fraction` would retrain); `fraction` gives the headline metrics. `ks`, added
+    since, is outside the run id (orchestrator/identity.py): changing it reruns this evaluation only."""
     fraction: float = setting(gt=0, le=1)      # headline: the top fraction of head applications ablated
     fractions: list[float] = setting(gt=0, le=1, nonempty=True)  # the curve
     prompts: int = setting(gt=0)               # prompts per few-shot task (jobs/data/fewshot.py)
     reference_batch: int = setting(gt=0)       # training-distribution instances the head means are taken over
+    # graded: the top k head applications for each k, with a layer-matched random control; the
+    # default is here too so that a config stored before the field existed loads
+    ks: list[int] = setting(factory=lambda: [1, 2, 4, 8], choices=ABLATION_KS, nonempty=True)
 
 
 @dataclass(frozen=True)

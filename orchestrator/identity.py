@@ -6,7 +6,8 @@ had one schema for every component, so each config carried the sections of the f
 kinds and backends it did not use (as null, or at that schema's defaults), and the settings of
 the evaluations known then. `semantic_config` rebuilds exactly that form. An evaluation added
 since is not part of the id: its settings are recorded with its result instead (`settings_digest`,
-orchestrator/plan.py reruns it when they change), so adding an evaluation retrains nothing. The
+orchestrator/plan.py reruns it when they change), so adding an evaluation retrains nothing; so are
+the settings added since to an evaluation of format 1 (`ADDED_EVAL_SETTINGS`). The
 revision of an evaluation's metrics (`revision=` of `@evaluation`, bumped when what they mean
 changes) is recorded the same way, for every evaluation: its results of an earlier revision are
 computed again on the run's checkpoint, never mixed with the new meaning.
@@ -54,6 +55,9 @@ SEED_AXES = ("init_seed", "data_seed")
 
 # The form of format 1 (see the module docstring).
 FORMAT1_EVALUATIONS = ("regbench", "induction", "ablation", "gsm8k")
+# Settings added since to an evaluation of format 1: outside the id, recorded with its result as a
+# newer evaluation's settings are, so that changing one reruns that evaluation only.
+ADDED_EVAL_SETTINGS = {"ablation": ("ks",)}
 FORMAT1_SECTIONS = {"family": ("growth", "loop"), "data": ("arith",), "backend": ("nanotron",)}
 FORMAT1_REGBENCH_FIELDS = {  # what an arith run's data section held: that schema's defaults
     "n_symbols": 18, "num_states": [3, 5], "alphabet_size": [3, 6], "transitions_per_state": [1, 2],
@@ -93,17 +97,24 @@ def semantic_config(cfg: Any) -> dict:
         for key, value in FORMAT1_REGBENCH_FIELDS.items():
             out["data"].setdefault(key, value)
     out["eval"] = {k: v for k, v in out["eval"].items() if k in FORMAT1_EVALUATIONS}
+    for job, keys in ADDED_EVAL_SETTINGS.items():
+        for key in keys:
+            (out["eval"].get(job) or {}).pop(key, None)
     return out
 
 
 def outside_run_id(key: str) -> bool:
     """Whether a dotted override key (or a config group, `cluster/...`) leaves the run id alone:
-    a NON_SEMANTIC key, or a setting of an evaluation added since format 1 (recorded with its
-    result, so that changing it reruns that evaluation only)."""
+    a NON_SEMANTIC key, a setting of an evaluation added since format 1, or one added since to an
+    evaluation of format 1 (recorded with its result, so that changing it reruns that evaluation
+    only)."""
     if any(key == k or key.startswith(f"{k}.") or key.startswith(f"{k}/") for k in NON_SEMANTIC):
         return True
     section, _, rest = key.partition(".")
-    return section == "eval" and bool(rest) and rest.split(".")[0] not in FORMAT1_EVALUATIONS
+    job, _, setting = rest.partition(".")
+    if section != "eval" or not job:
+        return False
+    return job not in FORMAT1_EVALUATIONS or setting.split(".")[0] in ADDED_EVAL_SETTINGS.get(job, ())
 
 
 def run_id(cfg: Any) -> str:
@@ -162,16 +173,19 @@ class SeedTemplates:
 
 def settings_digest(cfg: Any, job: str) -> str | None:
     """What an evaluation's result is recorded with, so that it reruns when it changes: a digest
-    of its settings where they are not part of the run id, and of its revision where that is past
-    the first. None for training and for a format-1 evaluation of its first revision (its settings
-    are in the id); an evaluation without settings digests its revision alone."""
+    of its settings where they are not part of the run id (all of a newer evaluation's, those added
+    since to a format-1 evaluation), and of its revision where that is past the first. None for
+    training and for a format-1 evaluation of its first revision without added settings (its
+    settings are in the id); an evaluation without settings digests its revision alone."""
     if job == "train":
         return None
     revision = EVALUATIONS[job].revision
     settings = getattr(cfg.eval, job, None)
     recorded: dict[str, Any] = {}
-    if settings is not None and job not in FORMAT1_EVALUATIONS:
+    if settings is not None:
         recorded = dataclasses.asdict(settings)
+        if job in FORMAT1_EVALUATIONS:
+            recorded = {key: recorded[key] for key in ADDED_EVAL_SETTINGS.get(job, ())}
     if revision > 1:
         recorded = {"settings": recorded, "revision": revision} if recorded else {"revision": revision}
     return _digest(recorded) if recorded else None

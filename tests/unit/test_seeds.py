@@ -42,6 +42,23 @@ def test_default_seed_keys_keep_every_id_of_before(hydra):
         assert run_id(compose_run([*overrides, f"init_seed={seed}"])) == before
 
 
+def test_settings_added_to_a_format1_evaluation_keep_every_id_and_rerun_only_it(hydra):
+    """eval.ablation.ks came after format 1: no value of it changes a run id; it is recorded with
+    the ablation's result instead, so changing it reruns that evaluation alone."""
+    from orchestrator.identity import outside_run_id, semantic_config, settings_digest
+
+    for overrides, before in IDS_BEFORE.items():
+        for ks in ([1, 2, 4, 8], [2], [1, 16, 1024]):
+            cfg = compose_run([*overrides, f"eval.ablation.ks=[{','.join(map(str, ks))}]"])
+            assert cfg.eval.ablation.ks == ks and run_id(cfg) == before, (overrides, ks)
+    default, other = (compose_run(["family=dense", "size=micro", *extra]) for extra in ([], ["eval.ablation.ks=[2]"]))
+    assert "ks" not in semantic_config(default)["eval"]["ablation"]
+    assert settings_digest(default, "ablation") != settings_digest(other, "ablation")
+    assert all(settings_digest(default, job) == settings_digest(other, job) for job in ("regbench", "induction"))
+    assert outside_run_id("eval.ablation.ks") and not outside_run_id("eval.ablation.fraction")
+    assert not outside_run_id("eval.ablation") and outside_run_id("eval.noop.anything")
+
+
 def test_init_and_data_seeds_are_each_in_the_id_when_they_differ(hydra):
     base = ["family=dense", "size=micro", "seed=0"]
     ids = {run_id(compose_run([*base, f"init_seed={i}", f"data_seed={d}"])) for i in (0, 1) for d in (0, 1)}
