@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from config.run import JobConfig
 
 N_SYMBOLS = 18  # regbench: a..r = token ids 0..17
+SEP = 18  # regbench: "|" separates strings and opens every instance
+PAD = 19  # regbench: "." fills the instance up to seq_len + 1 tokens
+IGNORE = -100  # target id skipped by cross-entropy
 VALIDATION_SEQUENCES = 250  # regbench: the reference code's validation split, half of its 500 test automata
 BYTE_VOCAB_SIZE = 259  # arith: byte-level text, 256 bytes + BOS, EOS, pad (jobs/tokenizer.py)
 
@@ -90,6 +93,24 @@ class DataWarmupConfig:
         return ranges
 
 
+@dataclass(frozen=True)
+class FactsConfig:
+    """data.facts: facts to store in the weights (jobs/data/facts.py). `count` fixed key -> value
+    mappings, keys of `key_length` symbols (distinct), values of `value_length` symbols, drawn
+    from data.seed and these settings only, never from a run's seeds: the same facts for every
+    run of the data setting. `share` of each batch's rows (rounded) are fact rows, `| | key
+    value` repeated, a row's facts distinct; the other rows are the regime's, exactly those of
+    the same step without facts. Only the value tokens are trained on."""
+    count: int = setting(gt=0)
+    share: float = setting(gt=0, lt=1)
+    key_length: int = setting(ge=1, le=4)
+    value_length: int = setting(ge=1, le=4)
+
+    def rows(self, batch_size: int) -> int:
+        """Fact rows per batch."""
+        return round(self.share * batch_size)
+
+
 @DATA_CONFIGS.register("regbench")
 @dataclass(frozen=True)
 class RegBenchDataConfig(DataConfig):
@@ -118,6 +139,9 @@ class RegBenchDataConfig(DataConfig):
     # Not set in conf/data/ (conf/size/data/tiny_regbench_easy.yaml and conf/experiment/miniature.yaml
     # set it): null = no curriculum.
     warmup: Optional[DataWarmupConfig] = setting(None)
+    # Not set in conf/data/ (the preset conf/experiment/knowledge.yaml sets it): null = no facts,
+    # the regime's rows only.
+    facts: Optional[FactsConfig] = setting(None)
 
     def derive(self, run: JobConfig) -> dict[str, object]:
         """A warm-up given as a share of train.steps gets its steps."""
@@ -144,6 +168,8 @@ class RegBenchDataConfig(DataConfig):
                 f"its own dataset, not on data.*; drop data.train_sequences or use backend=torch")
         if self.warmup is not None:
             self._check_warmup(self.warmup, run)
+        if self.facts is not None:
+            self._check_facts(self.facts, run)
 
     def _check_warmup(self, warmup: DataWarmupConfig, run: JobConfig) -> None:
         require(warmup.steps is not None, "data.warmup: give its length, data.warmup.steps or data.warmup.share")
@@ -163,6 +189,24 @@ class RegBenchDataConfig(DataConfig):
         require(self.cut_at_context or longest <= self.seq_len + 1,
                 f"data.warmup.string_length={warmup.string_length}: its instances are longer than "
                 f"data.seq_len={self.seq_len} + 1 and data={self.name} does not cut at the context")
+
+    def _check_facts(self, facts: FactsConfig, run: JobConfig) -> None:
+        rows = facts.rows(run.train.batch_size)
+        require(0 < rows < run.train.batch_size,
+                f"data.facts.share={facts.share}: gives {rows} fact rows of train.batch_size="
+                f"{run.train.batch_size}; give a share that leaves at least one fact row and one row of the regime")
+        require(facts.count <= self.n_symbols ** facts.key_length,
+                f"data.facts.count={facts.count}: more than the {self.n_symbols ** facts.key_length} distinct "
+                f"keys of data.facts.key_length={facts.key_length} symbols")
+        require(facts.key_length + facts.value_length + 2 <= self.seq_len + 1,
+                f"data.facts: a fact (| | key value, {facts.key_length + facts.value_length + 2} tokens) does "
+                f"not fit data.seq_len={self.seq_len} + 1")
+        require(self.train_sequences is None,
+                f"data.facts with data.train_sequences={self.train_sequences}: facts are mixed into the "
+                f"stream; use one of the two")
+        require(run.backend.trains_on_data,
+                f"data.facts: backend={run.backend.name} trains on its own dataset, not on data.*; "
+                f"drop data.facts or use backend=torch")
 
 
 @dataclass(frozen=True)

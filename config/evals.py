@@ -149,4 +149,5 @@ declare_evaluation("regbench", data=("regbench",), settings=RegBenchSettings)
 declare_evaluation("induction", data=("regbench",), settings=InductionSettings)
 declare_evaluation("ablation", data=("regbench",), settings=AblationSettings)
 declare_evaluation("gsm8k", data=("arith",), settings=Gsm8kSettings)
+declare_evaluation("knowledge", data=("regbench",))  # records nothing on data without data.facts
 declare_evaluation("noop", data=())

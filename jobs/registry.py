@@ -42,6 +42,13 @@ def get_job(name: str) -> Job:
     return TRAIN if name == "train" else EVALUATIONS[name]
 
 
+def recording_jobs(cfg: JobConfig) -> list[Job]:
+    """train and the evaluations of cfg.eval.jobs that record metrics on `cfg` (an evaluation
+    may measure only some configs of its data kinds: `measures=` of @evaluation)."""
+    evaluations = [EVALUATIONS[name] for name in cfg.eval.jobs]
+    return [TRAIN, *(e for e in evaluations if e.measures is None or e.measures(cfg))]
+
+
 def catalog() -> dict[str, frozenset[str]]:
     """Job name -> the outcome metrics it records (compared between families)."""
     return {"train": TRAIN.outcomes(), **{name: ev.outcomes() for name, ev in EVALUATIONS.items()}}

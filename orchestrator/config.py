@@ -26,7 +26,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from common.settings import ConfigError, require, typed_node, validate, validate_field
 from config.evals import EVAL_CONFIGS
 from config.run import RunConfig, load_run_config, with_derived
-from jobs.registry import get_job
+from jobs.registry import recording_jobs
 
 __all__ = ["CONF_DIR", "ConfigError", "RunConfig", "compose_run", "compose_runs", "hydra_session",
            "load_run_config"]
@@ -234,9 +234,9 @@ def _finished(node: DictConfig) -> RunConfig:
 
 def check_adaptive_metric(run: RunConfig) -> None:
     """adaptive.metric, and each metric of adaptive.seed_sd, must be an outcome that train or an
-    evaluation of eval.jobs records: the jobs declare them, so this check is made here, where the
-    jobs are known."""
-    recorded = sorted(set().union(*(get_job(job).outcomes() for job in ["train", *run.eval.jobs])))
+    evaluation of eval.jobs records on this run: the jobs declare them, so this check is made here,
+    where the jobs are known."""
+    recorded = sorted(set().union(*(job.outcomes() for job in recording_jobs(run))))
     for metric in sorted(run.adaptive.seed_sd):
         require(metric in recorded, f"adaptive.seed_sd.{metric}: not a metric of this sweep; choose among: "
                 f"{', '.join(recorded)} (the metrics of train and eval.jobs)")

@@ -14,7 +14,8 @@ computed again on the run's checkpoint, never mixed with the new meaning.
 
 Data settings added since format 1 are left out while they are at the value that behaves as
 format 1 did: `data.train_sequences` (and the `data.validation_sequences` that goes with it)
-while it is null, the infinite stream of format 1; `data.warmup` (a curriculum) while it is null.
+while it is null, the infinite stream of format 1; `data.warmup` (a curriculum) and `data.facts`
+(facts mixed into the stream) while they are null.
 A warm-up's `share` is never part of the id: the steps it gives are (derived before the id is
 computed), so a warm-up of 600 steps is the same run however it was given.
 `data.cut_at_context` never changes the data
@@ -49,7 +50,7 @@ NON_SEMANTIC = ("cluster", "store", "resources", "tracker", "adaptive", "train.m
 # Data settings of the training set: in the id only when not at format 1's behaviour (the stream).
 FIXED_SET_KEYS = ("train_sequences", "validation_sequences")
 # Data settings in the id only when set (null behaves as format 1 did).
-NULL_AS_FORMAT1 = ("warmup",)
+NULL_AS_FORMAT1 = ("warmup", "facts")
 # Top-level seeds in the id only when they differ from `seed` (null means `seed`).
 SEED_AXES = ("init_seed", "data_seed")
 

@@ -35,7 +35,7 @@ from jobs.backends import backend_of
 from jobs.environment import capability_env, restart_with
 from jobs.evals import EVALUATIONS
 from jobs.flops import flop_ratio
-from jobs.registry import get_job
+from jobs.registry import recording_jobs
 from orchestrator import grid, preflight, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, executor_of, recorded_executor
@@ -148,8 +148,8 @@ class Sweep:
             baseline, alpha, n_looks = a.baseline, a.alpha, len(a.schedule)
             note = " (adaptive.max_seeds, the last look)"
         else:
-            specs = {name: spec for c in _distinct(self.configs) for job in ["train", *c.eval.jobs]
-                     for name, spec in get_job(job).metrics.items()}
+            specs = {name: spec for c in _distinct(self.configs) for job in recording_jobs(c)
+                     for name, spec in job.metrics.items()}
             metrics = confirmatory(specs, {c.data.kind for c in _distinct(self.configs)})
             baseline, alpha, n_looks, note = options.baseline, options.alpha, 1, ""
         seeds = range(a.max_seeds) if a.metric else None

@@ -19,6 +19,10 @@ state make every string a prefix of one walk, so only copying from the context p
 that makes induction heads form in small CPU models (docs/miniature.md). The warm-up pool never
 holds a held-out automaton of the regime.
 
+Optional facts (``data.facts``, null by default; jobs/data/facts.py) replace the last rows of
+every batch with rows of fixed key -> value facts, which the ``knowledge`` evaluation recalls
+without context; the other rows stay exactly those of the same step without facts.
+
 Instances are never cut silently: planning refuses a context shorter than the regime's
 longest instance unless the data option declares ``cut_at_context: true`` (then the last
 string is cut at the context's end, which ``regbench_easy`` does by design).
@@ -34,18 +38,17 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from config.data import N_SYMBOLS, VALIDATION_SEQUENCES, DataConfig, DataWarmupConfig, RegBenchDataConfig
+from config.data import (IGNORE, N_SYMBOLS, PAD, SEP, VALIDATION_SEQUENCES, DataConfig, DataWarmupConfig,
+                         RegBenchDataConfig)
 from jobs.data import register_stream
+from jobs.data.facts import FactRows
 
-SEP = 18  # "|" separates strings and opens every instance
-PAD = 19  # "." fills the instance up to seq_len + 1 tokens
 VOCAB = 20
-IGNORE = -100  # target id skipped by cross-entropy
 
 # Tags keep the random streams of the different uses apart.
 _HELDOUT_POOL, _TRAIN_POOL, _HELDOUT_STRINGS, _TRAIN_STRINGS = range(4)
 _VALIDATION_POOL, _VALIDATION_STRINGS, _TRAIN_SET, _TRAIN_ORDER = range(4, 8)
-_WARMUP_POOL = 8
+_WARMUP_POOL = 8  # 9, 10: the facts and the fact rows (jobs/data/facts.py)
 _SET_CHUNK = 500  # instances generated at a time for a fixed set (bounds memory only)
 
 
@@ -333,7 +336,8 @@ def _warmup_pool(warmup: RegBenchConfig, regime: RegBenchConfig) -> tuple[Automa
 
 class TrainStream:
     """Training batches as a pure function of (data.seed, seed, step); with a curriculum
-    (data.warmup), the steps before warmup.steps come from the warm-up's pool and ranges."""
+    (data.warmup), the steps before warmup.steps come from the warm-up's pool and ranges; with
+    facts (data.facts), the last rows of every batch are fact rows."""
 
     validation = None  # a fresh instance every row: nothing is seen twice, nothing to choose
 
@@ -345,6 +349,8 @@ class TrainStream:
         self.warmup_steps = warmup.steps if warmup is not None else 0
         self.warmup_cfg = warmup_view(self.cfg, warmup) if warmup is not None else None
         self._warmup_tables: Optional[_PoolTables] = None  # built on first use: evaluations ask for late steps
+        facts = getattr(data_cfg, "facts", None)
+        self.facts = None if facts is None else FactRows(self.cfg.seed, facts, self.seed, batch_size, self.cfg.seq_len)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, targets)`` LongTensors ``[B, seq_len]``; targets are -100 where the next
@@ -356,7 +362,13 @@ class TrainStream:
             cfg, tables = self.cfg, self.tables
         rng = np.random.default_rng([self.cfg.seed, _TRAIN_STRINGS, self.seed, int(step)])
         tokens, _ = _instances(tables, rng.integers(cfg.train_automata, size=self.batch_size), cfg, rng)
-        return inputs_and_targets(tokens)
+        inputs, targets = inputs_and_targets(tokens)
+        if self.facts is None:
+            return inputs, targets
+        # The last rows become fact rows; the others stay those of the same step without facts.
+        keep = self.batch_size - self.facts.rows
+        fact_inputs, fact_targets = self.facts.batch(step)
+        return torch.cat([inputs[:keep], fact_inputs]), torch.cat([targets[:keep], fact_targets])
 
     def _warmup(self) -> _PoolTables:
         if self._warmup_tables is None:

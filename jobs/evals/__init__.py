@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from common.metrics import CurveSpec, MetricSpec
 from common.registry import Registry
@@ -33,19 +33,23 @@ class Evaluation(Job):
     # Bumped when what its metrics mean changes: recorded with its results (with the digest of its
     # settings, orchestrator/identity.py), so results of an earlier revision are computed again.
     revision: int = 1
+    # The configs it measures something on (None: every config of its data kinds); on the others
+    # its job records nothing, and planning does not count its metrics (knowledge: data with facts).
+    measures: Optional[Callable[[Any], bool]] = None
 
 
 EVALUATIONS: Registry[Evaluation] = Registry("evaluation", "jobs.evals", "eval.jobs")
 
 
 def evaluation(name: str, *, title: str, metrics: Mapping[str, MetricSpec], curves: Mapping[str, CurveSpec] = {},
-               revision: int = 1) -> Callable[[JobFn], JobFn]:
+               revision: int = 1, measures: Optional[Callable[[Any], bool]] = None) -> Callable[[JobFn], JobFn]:
     """Register the job of evaluation `name` (declared in the config: its settings and data kinds)
-    with its report section's title, what it records, and the revision of its metrics' meaning."""
+    with its report section's title, what it records, the revision of its metrics' meaning, and
+    the configs it measures something on (None: all)."""
     declared = EVAL_CONFIGS[name]
 
     def register(fn: JobFn) -> JobFn:
         EVALUATIONS.register(name)(Evaluation(name, fn, dict(metrics), dict(curves), declared.data, title=title,
-                                              settings=declared.settings, revision=revision))
+                                              settings=declared.settings, revision=revision, measures=measures))
         return fn
     return register
