@@ -105,6 +105,13 @@ class InductionSettings:
 
 
 @dataclass(frozen=True)
+class MechanismSettings:
+    """eval.mechanism: the mechanism at every snapshot of training (train.snapshots). Its heads are
+    scored on eval.induction's probe, with its top_k and ancestors_m."""
+    divergence_batch: int = setting(16, gt=0)  # training-distribution sequences the layers' outputs are compared on
+
+
+@dataclass(frozen=True)
 class AblationSettings:
     """eval.ablation: every fraction in one job (eval settings are semantic, so a sweep over
     `fraction` would retrain); `fraction` gives the headline metrics."""
@@ -139,5 +146,6 @@ class Gsm8kSettings:
 declare_evaluation("regbench", data=("regbench",), settings=RegBenchSettings)
 declare_evaluation("induction", data=("regbench",), settings=InductionSettings)
 declare_evaluation("ablation", data=("regbench",), settings=AblationSettings)
+declare_evaluation("mechanism", data=("regbench",), settings=MechanismSettings)
 declare_evaluation("gsm8k", data=("arith",), settings=Gsm8kSettings)
 declare_evaluation("noop", data=())
