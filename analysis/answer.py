@@ -170,6 +170,8 @@ def _p_value_claim_rows(analysis: Analysis, metric: str) -> list[list[str]]:
     the statistic and of its chance value (the declared companions)."""
     spec, alpha = analysis.spec_of(metric), analysis.options.alpha
     values = analysis.values.pivot_table(index=["family", "size", "seed"], columns="metric", values="value")
+    if metric not in values.columns:  # NaN in every run (the pivot drops it): nothing to combine
+        return []
     beside = [m for m in spec.companions[:2] if m in values.columns]
     rows = []
     for (family, size), group in values.dropna(subset=[metric]).groupby(["family", "size"]):

@@ -265,6 +265,8 @@ def _section(analysis: Analysis, title: str, figures: list[Plot]) -> list[str]:
         spec = analysis.spec_of(metric)
         if (spec.section or OTHER_SECTION) != title or spec.p_value:  # p-values: their own table below
             continue
+        if spec.step is not None:  # one of a per-step metric's values: the section's curves show them
+            continue
         block = [*_metric_section(analysis, metric), *_missing_lines(analysis, metric),
                  *_comparison_block(analysis, metric, failing)]
         heading = _metric_title(analysis, metric)

@@ -61,7 +61,7 @@ POOL_BELOW_DF = 2  # a cell with fewer than 3 pairs borrows its seed noise from 
 # Config keys that never split cells: family.* only exists for its own family (family.growth.alpha is
 # NaN for dense), and the rest say where and how a run ran, which cannot change its results.
 NON_CELL_PREFIXES = ("family.", "store.", "cluster.", "resources.", "eval.resources.", "tracker.", "adaptive.")
-NON_CELL_KEYS = ("train.max_retries", "train.checkpoint_every")
+NON_CELL_KEYS = ("train.max_retries", "train.checkpoint_every", "train.snapshots")
 
 # Degenerate inputs (identical values, two seeds) make scipy warn and return NaN or a zero-width
 # interval; those outcomes are the documented results, so the warnings are not shown.

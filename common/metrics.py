@@ -11,6 +11,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+# In a declared metric's name and label: a template of one metric per training step, e.g.
+# `induction_max_step{step}` declares `induction_max_step550` (see MetricSpec.step).
+STEP = "{step}"
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -38,6 +42,9 @@ class MetricSpec:
         family formed it, so that no one reads mechanistic numbers from models that have none.
     section: the report section it is shown in: the title of the job that records it, filled in
         by the Job it is declared with (jobs/contract.py), not declared.
+    step: the training step of a metric declared as a per-step template (a name with `STEP`), filled
+        in from its name (`at_step`), not declared. Per-step metrics are descriptive values for the
+        results tables; the report draws them as curves over training rather than a section each.
     """
     label: str
     higher_is_better: Optional[bool] = None
@@ -56,6 +63,11 @@ class MetricSpec:
     mechanism: str = ""
     present_at: Optional[float] = None
     section: str = ""
+    step: Optional[int] = None
+
+    def at_step(self, step: int) -> MetricSpec:
+        """The spec of this per-step template's metric at `step`: the step in its label too."""
+        return dataclasses.replace(self, label=self.label.replace(STEP, str(step)), step=step)
 
     def paper_value(self, family: str) -> Optional[float]:
         return dict(self.paper).get(family)
@@ -105,6 +117,16 @@ class CurveSpec:
     def from_record(cls, record: Mapping[str, Any]) -> CurveSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: _tuples(v) for k, v in record.items() if k in known})
+
+
+def step_of(template: str, name: str) -> Optional[int]:
+    """The step at which metric `name` instantiates the per-step `template` (a name with `STEP`),
+    or None when it does not."""
+    prefix, found, suffix = template.partition(STEP)
+    middle = name[len(prefix):len(name) - len(suffix)]
+    if not found or not name.startswith(prefix) or not name.endswith(suffix) or not middle.isdigit():
+        return None
+    return int(middle)
 
 
 def _lists(value: Any) -> Any:

@@ -110,6 +110,13 @@ ABLATION_KS = tuple(2 ** i for i in range(11))  # 1, 2, 4, ..., 1024
 
 
 @dataclass(frozen=True)
+class MechanismSettings:
+    """eval.mechanism: the mechanism at every snapshot of training (train.snapshots). Its heads are
+    scored on eval.induction's probe, with its top_k and ancestors_m."""
+    divergence_batch: int = setting(16, gt=0)  # training-distribution sequences the layers' outputs are compared on
+
+
+@dataclass(frozen=True)
 class AblationSettings:
     """eval.ablation: every fraction in one job (these settings were part of the run id in format 1,
     so a sweep over `fraction` would retrain); `fraction` gives the headline metrics. `ks`, added
@@ -148,6 +155,7 @@ class Gsm8kSettings:
 declare_evaluation("regbench", data=("regbench",), settings=RegBenchSettings)
 declare_evaluation("induction", data=("regbench",), settings=InductionSettings)
 declare_evaluation("ablation", data=("regbench",), settings=AblationSettings)
+declare_evaluation("mechanism", data=("regbench",), settings=MechanismSettings)
 declare_evaluation("gsm8k", data=("arith",), settings=Gsm8kSettings)
 declare_evaluation("knowledge", data=("regbench",))  # records nothing on data without data.facts
 declare_evaluation("noop", data=())

@@ -15,8 +15,9 @@ CPU_CAPABILITIES = ("default", "avx2", "avx512", "sve256", "vsx", "zvector")  # 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """`max_retries`, `checkpoint_every`, `compile` and `cpu_capability` are not in the run id (the
-    last two move only the last bits, as the thread count does)."""
+    """`max_retries`, `checkpoint_every`, `snapshots`, `compile` and `cpu_capability` are not in
+    the run id (snapshots only keep copies of the weights; the last two move only the last bits, as
+    the thread count does)."""
     steps: int = setting(gt=0)
     batch_size: int = setting(gt=0)
     lr: float = setting(gt=0)
@@ -33,6 +34,10 @@ class TrainConfig:
     # ATen's CPU kernels for every job of the run (ATEN_CPU_CAPABILITY), the same on machines of
     # different kinds; null: each machine's own (jobs/environment.py, docs/reliability.md)
     cpu_capability: Optional[str] = setting(None, choices=CPU_CAPABILITIES)
+    # Weights kept at this many evenly spaced steps (the last one the final step), and by a growing
+    # family right after each growth (jobs/train.py `snapshot_steps`); 0: none. The evaluations of
+    # the mechanism over training read them (jobs/evals/mechanism.py).
+    snapshots: int = setting(4, ge=0)
 
     def check(self, run: JobConfig) -> None:
         require(self.warmup_steps < self.steps,

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from common.metrics import CurveSpec, MetricSpec
+from common.metrics import STEP, CurveSpec, MetricSpec, step_of
 
 Progress = Callable[[dict], None]
 
@@ -48,17 +48,29 @@ class Job:
         object.__setattr__(self, "curves", {n: replace(s, section=section) for n, s in self.curves.items()})
 
     def outcomes(self) -> frozenset[str]:
-        """The metrics it records that are compared between families (not descriptive)."""
+        """The metrics it records that are compared between families (not descriptive; a per-step
+        template names no metric of its own)."""
         return frozenset(name for name, spec in self.metrics.items()
-                         if spec.higher_is_better is not None and not spec.reference)
+                         if spec.higher_is_better is not None and not spec.reference and STEP not in name)
+
+    def spec_of(self, name: str) -> Optional[MetricSpec]:
+        """The spec metric `name` is declared with: its own, or, for a per-step metric, its
+        template's at that step (`induction_max_step{step}` declares `induction_max_step550`)."""
+        if name in self.metrics:
+            return self.metrics[name]
+        for template, spec in self.metrics.items():
+            if (step := step_of(template, name)) is not None:
+                return spec.at_step(step)
+        return None
 
     def specs_of(self, result: JobResult) -> tuple[dict[str, dict], dict[str, dict]]:
         """The records of the specs of what `result` holds; a metric or curve the job did not
         declare is a programming error, refused here before anything is written."""
-        undeclared = sorted((set(result.metrics) - set(self.metrics))
+        specs = {name: self.spec_of(name) for name in result.metrics}
+        undeclared = sorted({name for name, spec in specs.items() if spec is None}
                             | (set(result.curves) - set(self.curves)))
         if undeclared:
             raise ValueError(f"job {self.name} recorded {undeclared} without declaring them "
                              f"(its metrics= / curves= where it is registered)")
-        return ({name: self.metrics[name].to_record() for name in result.metrics},
+        return ({name: spec.to_record() for name, spec in specs.items() if spec is not None},
                 {name: self.curves[name].to_record() for name in result.curves})

@@ -48,6 +48,24 @@ def attention_patterns(model: Decoder, tokens: Tensor) -> Tensor:
     return torch.stack(found)
 
 
+@torch.no_grad()
+def layer_calls(model: Decoder, tokens: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """The arguments of every application's layer call (the residual stream entering it, and the
+    rope tables), in plan order: so that any layer can be run on the input another one received."""
+    calls: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    def record(_module: Block, args: tuple) -> None:
+        calls.append((args[0], args[1], args[2]))
+
+    handles = [layer.register_forward_pre_hook(record) for layer in model.layers]
+    try:
+        model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
 def induction_targets(tokens: Tensor) -> Tensor:
     """Prefix-matching pattern P [B, T, T]: P[i, j] = 1 iff j - 1 < i, j <= i and token[j - 1] ==
     token[i], i.e. j follows an earlier occurrence of the current token."""

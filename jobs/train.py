@@ -15,6 +15,11 @@ validation loss whenever `validation.due` says (once per epoch and after the las
 the weights of the lowest one so far in the run tally, so every checkpoint carries the chosen
 weights with the step they come from: the evaluations score those (the torch backend's
 `load_model`), and a resume continues the choice exactly.
+
+Rank 0 also keeps snapshots, the weights alone at the steps of `snapshot_steps` (jobs/checkpoint.py
+`save_snapshot`): the snapshot of step t is the model that step t trains, after t optimizer steps
+and any growth at t (the final step's: the final weights). A resume writes those after its
+checkpoint again, with the same weights, so an interrupted run keeps the same snapshots.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from config.run import JobConfig
-from jobs.checkpoint import latest_checkpoint, save_checkpoint
-from jobs.families import build_model, family_of
+from jobs.checkpoint import latest_checkpoint, save_checkpoint, save_snapshot
+from jobs.families import Stage, build_model, family_of
 from jobs.flops import flops_per_token
 from jobs.model import Decoder
 from jobs.optim import build_optimizer, learning_rate
@@ -85,6 +90,20 @@ def final_loss(history: list[dict]) -> float:
     """Mean logged loss over the last 10% of logged steps (at least one row)."""
     tail = history[-max(1, math.ceil(len(history) / 10)) :]
     return sum(row["loss"] for row in tail) / len(tail)
+
+
+def snapshot_steps(count: int, total: int, stages: list[Stage]) -> set[int]:
+    """The steps whose weights are kept: `count` evenly spaced ones, the last the final step, and
+    the first step of every stage after the first (right after a growth step, where each copied
+    layer still equals its source); none when `count` is 0."""
+    if count == 0:
+        return set()
+    return {total * i // count for i in range(1, count + 1)} | {stage.start_step for stage in stages[1:]}
+
+
+def snapshot(model: Decoder, step: int) -> dict:
+    """What a snapshot holds: enough to rebuild the model (jobs/families `build_model`)."""
+    return {"step": step, "n_layers": model.depth, "ancestors": list(model.ancestors), "model": model.state_dict()}
 
 
 def restore(cfg: JobConfig, run_dir: Path, device: torch.device) -> tuple[Decoder, torch.optim.Optimizer, dict]:
@@ -167,6 +186,7 @@ def train(
     stages = family.stages(cfg.model, total)
     grow_to = {stage.start_step: stage.n_layers for stage in stages}
     stage_ends = {stage.end_step for stage in stages}
+    snapshots = snapshot_steps(train_cfg.snapshots, total, stages) if rank == 0 else set()
 
     resumed_at, resumed_tokens, resumed_time = run["step"], run["tokens"], run["train_time_s"]
     # The saved window holds global losses; rank 0 carries them, so the all-reduce counts them once.
@@ -177,6 +197,8 @@ def train(
             while model.depth < grow_to[step]:
                 optimizer = family.grow(model, optimizer, lambda m: build_optimizer(m, train_cfg))
             module = wrap(model)
+        if step in snapshots:
+            save_snapshot(snapshot(model, step), run_dir)
         lr = learning_rate(step, train_cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -198,6 +220,8 @@ def train(
         run["flops"] += n_tokens * flops_per_token(cfg.model, model.depth, shape[1])
         if validation is not None and rank == 0 and validation.due(done, total):
             choose(run, model, done, validation_loss(model, validation, device))
+        if done == total and done in snapshots:
+            save_snapshot(snapshot(model, done), run_dir)
         logging_now = done % train_cfg.log_every == 0 or done == total
         checkpointing = done % train_cfg.checkpoint_every == 0 or done in stage_ends
         if not (logging_now or checkpointing):

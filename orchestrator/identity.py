@@ -40,13 +40,14 @@ from jobs.evals import EVALUATIONS
 from store.records import ConfigsRecord
 
 # Sections and keys that do not change a run's results: where it runs, how it is tracked and
-# stored, how often it checkpoints or retries, whether it is compiled and which CPU kernels it runs
-# (like the thread count, they move the last bits only, as nanotron's attention kernel does), and
-# which evaluations are listed (a newly listed evaluation runs on the existing run instead of
-# retraining it).
+# stored, how often it checkpoints, keeps snapshots or retries, whether it is compiled and which CPU
+# kernels it runs (like the thread count, they move the last bits only, as nanotron's attention
+# kernel does), and which evaluations are listed (a newly listed evaluation runs on the existing run
+# instead of retraining it).
 NON_SEMANTIC = ("cluster", "store", "resources", "tracker", "adaptive", "train.max_retries",
-                "train.checkpoint_every", "train.compile", "train.cpu_capability", "eval.jobs", "eval.resources",
-                "backend.nanotron.project", "backend.nanotron.attn_implementation", "data.cut_at_context")
+                "train.checkpoint_every", "train.snapshots", "train.compile", "train.cpu_capability", "eval.jobs",
+                "eval.resources", "backend.nanotron.project", "backend.nanotron.attn_implementation",
+                "data.cut_at_context")
 # Data settings of the training set: in the id only when not at format 1's behaviour (the stream).
 FIXED_SET_KEYS = ("train_sequences", "validation_sequences")
 # Data settings in the id only when set (null behaves as format 1 did).

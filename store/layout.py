@@ -7,6 +7,7 @@
     <root>/runs/<run_id>/history.parquet     the training log
     <root>/runs/<run_id>/items/<eval>.parquet  per-example outputs of an evaluation
     <root>/runs/<run_id>/checkpoints/        step_XXXXXXX.pt and their digests (store/integrity.py)
+    <root>/runs/<run_id>/snapshots/          step_XXXXXXX.pt: weights at train.snapshots' steps, with digests
     <root>/runs/<run_id>/progress.json       the running job's progress
     <root>/runs/<run_id>/environment.json    the environments (software, device, threads) its jobs ran in
     <root>/runs/<run_id>/.lock               the claim of the job working on the run
@@ -67,6 +68,10 @@ class RunPaths:
     @property
     def checkpoints(self) -> str:
         return self.dir + "/checkpoints"
+
+    @property
+    def snapshots(self) -> str:
+        return self.dir + "/snapshots"
 
     @property
     def progress(self) -> str:

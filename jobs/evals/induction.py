@@ -14,6 +14,7 @@ it is shown beside its chance level, not used as the criterion. Heads are scored
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from itertools import combinations
 from pathlib import Path
 from typing import cast
@@ -36,7 +37,8 @@ from jobs.model import Block, Decoder
 _EXACT_LIMIT = 200_000  # enumerate every top-k set up to this many, else sample
 _DRAWS = 20_000
 # 2: added the in-distribution probe (induction_id_max, induction_id_chance).
-REVISION = 2
+# 3: ancestry_top_in_best labelled as the count it is; added ancestry_min_p (the test's power).
+REVISION = 3
 # A family formed induction heads when the median of its seeds' induction_max reaches this: models
 # without the circuit score 0.07-0.18 here, with it 0.57-0.90 (docs/miniature.md).
 INDUCTION_FORMED = 0.5
@@ -52,13 +54,15 @@ METRICS = {
     "induction_id_max": MetricSpec("best induction-head score, in-distribution probe (repeated walks of held-out"
                                    " automata)", higher_is_better=True),
     "induction_id_chance": MetricSpec("in-distribution probe: the score of a head attending evenly to the past"),
-    "ancestry_top_in_best": MetricSpec("top induction heads from the best ancestors (grown models)",
+    # ancestry: of the top-k heads, how many (a count, 0..k) descend from their m most common ancestor
+    # heads of the initial network, against top-k sets drawn uniformly from all heads (exact p); the
+    # smallest p any top-k set could reach says whether the test has power at this size at all
+    "ancestry_top_in_best": MetricSpec("top-k heads from their m most common ancestor heads (a count; grown models)",
                                        higher_is_better=True),
-    "ancestry_chance": MetricSpec("top heads from the best ancestors, by chance (grown models)"),
-    # of the top-k heads, how many descend from their m most common ancestor heads of the initial
-    # network, against top-k sets drawn uniformly from all heads (exact p)
+    "ancestry_chance": MetricSpec("the same count, by chance (grown models)"),
+    "ancestry_min_p": MetricSpec("smallest p the ancestry test can reach here (>= 0.05: it has no power)"),
     "ancestry_p": MetricSpec("ancestry concentration p (grown models)", p_value=True,
-                             companions=("ancestry_top_in_best", "ancestry_chance"),
+                             companions=("ancestry_top_in_best", "ancestry_chance", "ancestry_min_p"),
                              claim="a grown model's strongest induction heads descend from a few early heads",
                              paper=(("lidas", 10),), paper_at="3B: of the top 12 heads, from 2 ancestors"),
 }
@@ -117,7 +121,7 @@ def head_labels(table: pd.DataFrame) -> list[str]:
             + (f" (from L{r.ancestor})" if grown else "") for r in table.itertuples()]
 
 
-def _grown(model: Decoder) -> bool:
+def grown(model: Decoder) -> bool:
     """Whether some layers were copied from others (a LIDAS network that grew)."""
     return len(set(model.ancestors)) < len(model.ancestors)
 
@@ -132,16 +136,48 @@ def concentration(groups: np.ndarray, chosen: np.ndarray, m: int) -> int:
     return int(np.sort(np.bincount(groups[chosen], minlength=groups.max() + 1))[::-1][:m].sum())
 
 
-def concentration_test(groups: np.ndarray, chosen: np.ndarray, m: int, seed: int) -> tuple[int, float, float]:
-    """(statistic, chance mean, p): P(statistic >= observed) when the top-k set is drawn uniformly
-    from all heads; exact by enumeration when feasible, else a seeded permutation p-value."""
-    observed, k, n = concentration(groups, chosen, m), len(chosen), len(groups)
+def subset_test(statistic: Callable[[np.ndarray], int], n: int, chosen: np.ndarray,
+                seed: int) -> tuple[int, float, float]:
+    """(statistic of `chosen`, its chance mean, p): P(statistic >= observed) when the k = len(chosen)
+    rows are drawn uniformly from all n; exact by enumeration when feasible, else a seeded
+    permutation p-value."""
+    observed, k = statistic(chosen), len(chosen)
     if math.comb(n, k) <= _EXACT_LIMIT:
-        null = np.array([concentration(groups, np.array(c), m) for c in combinations(range(n), k)])
+        null = np.array([statistic(np.array(c)) for c in combinations(range(n), k)])
         return observed, float(null.mean()), float((null >= observed).mean())
     rng = np.random.default_rng([seed, 5])
-    null = np.array([concentration(groups, rng.choice(n, k, replace=False), m) for _ in range(_DRAWS)])
+    null = np.array([statistic(rng.choice(n, k, replace=False)) for _ in range(_DRAWS)])
     return observed, float(null.mean()), float((1 + (null >= observed).sum()) / (1 + _DRAWS))
+
+
+def concentration_test(groups: np.ndarray, chosen: np.ndarray, m: int, seed: int) -> tuple[int, float, float]:
+    """`subset_test` of the concentration: do the top-k heads descend from few ancestor heads?"""
+    return subset_test(lambda c: concentration(groups, c, m), len(groups), chosen, seed)
+
+
+def most_concentrated(groups: np.ndarray, k: int) -> np.ndarray:
+    """k heads whose concentration is the largest any k heads reach (at every m): whole groups,
+    largest first, so its p is the smallest the test can give."""
+    sizes = np.bincount(groups)
+    return np.lexsort((groups, -sizes[groups]))[:k]
+
+
+def ancestor_heads(table: pd.DataFrame) -> np.ndarray:
+    """Each row's ancestor head (its initial-network layer and head index), as one integer."""
+    return table["ancestor"].to_numpy() * (table["head"].max() + 1) + table["head"].to_numpy()
+
+
+def ancestry(table: pd.DataFrame, top: pd.DataFrame, m: int, seed: int) -> tuple[int, float, float]:
+    """(count, chance, p) of the concentration of the `top` rows of `table` on their m most common
+    ancestor heads."""
+    return concentration_test(ancestor_heads(table), top.index.to_numpy(), m, seed)
+
+
+def ancestry_floor(table: pd.DataFrame, k: int, m: int, seed: int) -> float:
+    """The smallest p `ancestry` can give for k top heads of `table`: at or above the level, the
+    test cannot find a concentration however strong (too few heads, or too few copies of each)."""
+    groups = ancestor_heads(table)
+    return concentration_test(groups, most_concentrated(groups, k), m, seed)[2]
 
 
 def score(model: Decoder, cfg: JobConfig) -> JobResult:
@@ -158,10 +194,10 @@ def score(model: Decoder, cfg: JobConfig) -> JobResult:
     walks = in_distribution_sequences(cfg, settings.sequences, settings.length, cfg.seed)
     metrics |= {"induction_id_max": float(induction_scores(attention_patterns(model, walks), walks).max()),
                 "induction_id_chance": even_attention_score(walks)}
-    if _grown(model):
-        ancestor_head = table["ancestor"].to_numpy() * (table["head"].max() + 1) + table["head"].to_numpy()
-        stat, chance, p = concentration_test(ancestor_head, top.index.to_numpy(), settings.ancestors_m, cfg.seed)
-        metrics |= {"ancestry_top_in_best": float(stat), "ancestry_chance": chance, "ancestry_p": p}
+    if grown(model):
+        count, chance, p = ancestry(table, top, settings.ancestors_m, cfg.seed)
+        metrics |= {"ancestry_top_in_best": float(count), "ancestry_chance": chance, "ancestry_p": p,
+                    "ancestry_min_p": ancestry_floor(table, k, settings.ancestors_m, cfg.seed)}
     curve = {column: table[column].tolist() for column in table.columns}
     items = pd.DataFrame({"item_id": table["application"].astype(str) + "." + table["head"].astype(str),
                           "metric": "induction_head_score", "score": table["score"], "weight": 1.0})

@@ -54,6 +54,19 @@ class Family(Generic[C]):
         """For each layer of the network at depth `n_layers`, the initial layer it descends from."""
         return list(range(n_layers))
 
+    def lineage(self, n_from: int, n_to: int) -> list[int]:
+        """For each unique layer of the network once it has `n_to` of them, the layer of the network
+        with `n_from` that it is, or was copied from: how a head at one step is found at another
+        (jobs/evals/mechanism.py). A family that does not grow keeps its layers."""
+        if n_from != n_to:
+            raise ValueError(f"family {self.config.name} does not grow: {n_from} layers never become {n_to}")
+        return list(range(n_to))
+
+    def duplicates(self, n_layers: int) -> list[tuple[int, int]]:
+        """(copy, source) for every layer copied by a growth step, as indices of the network once it
+        has `n_layers` unique layers; none in a family that does not grow."""
+        return []
+
 
 FAMILIES: Registry[type[Family]] = Registry("family", "jobs.families", "family.name")
 

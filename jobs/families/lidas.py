@@ -85,7 +85,30 @@ class Lidas(Family[LidasConfig]):
 
     def ancestors(self, model: ModelConfig, steps: int, n_layers: int) -> list[int]:
         """The growth operator applied stage by stage from the initial layers."""
-        ancestors = list(range(self.stages(model, steps)[0].n_layers))
-        while len(ancestors) < n_layers:
-            ancestors = [ancestors[i] for i in growth_sources(len(ancestors), self.config.block_layers)]
-        return ancestors
+        return self.lineage(self.stages(model, steps)[0].n_layers, n_layers)
+
+    def lineage(self, n_from: int, n_to: int) -> list[int]:
+        """The growth operator applied from depth `n_from` until `n_to`: a copy maps to the layer it
+        was copied from, as its source does."""
+        block, order = self.config.block_layers, list(range(n_from))
+        while len(order) < n_to:
+            order = [order[i] for i in growth_sources(len(order), block)]
+        if len(order) != n_to:
+            raise ValueError(f"lidas grows by {block} layers: {n_from} layers never become {n_to}")
+        return order
+
+    def duplicates(self, n_layers: int) -> list[tuple[int, int]]:
+        """Each growth step's (copy, source) pairs, followed through the later steps as modules: a
+        growth keeps every existing layer (the source too) where it was before the window's end and
+        moves those after it by one block, so a pair stays the same two modules however often the
+        network grows after it (and a source copied again makes a pair of its own)."""
+        block = self.config.block_layers
+        depth, pairs = self.config.growth.initial_blocks * block, list[tuple[int, int]]()
+        while depth < n_layers:
+            stop = growth_window(depth, block).stop
+            pairs = [(c + block if c >= stop else c, s + block if s >= stop else s) for c, s in pairs]
+            pairs += [(stop + i, stop - block + i) for i in range(block)]
+            depth += block
+        if depth != n_layers:
+            raise ValueError(f"lidas grows by {block} layers: {n_layers} layers is no depth it reaches")
+        return pairs

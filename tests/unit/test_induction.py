@@ -2,15 +2,21 @@
 and the ancestry concentration test against hand-counted values."""
 import dataclasses
 import math
+from itertools import combinations
 from types import SimpleNamespace
+
+import pandas as pd
 
 import numpy as np
 import torch
 
 from config.evals import InductionSettings
 from jobs.data.regbench import SEP, RegBenchDataConfig, heldout_walks
-from jobs.evals.induction import (concentration, concentration_test, even_attention_score,
-                                  head_table, in_distribution_sequences, repeated_sequences, score)
+from jobs.evals.induction import (ancestor_heads, ancestry, ancestry_floor, concentration, concentration_test,
+                                  even_attention_score, head_table, in_distribution_sequences, most_concentrated,
+                                  repeated_sequences, score)
+from jobs.families import family_of
+from test_model import micro_cfg
 from jobs.interp import attention_patterns, induction_scores, induction_targets
 from jobs.model import Decoder, ModelConfig, apply_rope
 
@@ -71,11 +77,43 @@ def test_score_metrics_only_for_lidas_and_deterministic():
     first, second = score(model, cfg), score(model, cfg)
     assert first.metrics == second.metrics
     assert 0 <= first.metrics["ancestry_p"] <= 1 and first.metrics["ancestry_top_in_best"] >= 2
+    assert first.metrics["ancestry_min_p"] <= first.metrics["ancestry_p"]
     assert first.metrics["induction_max"] >= first.metrics["induction_topk_mean"] >= first.metrics["induction_mean"]
     assert len(first.curves["induction_heads"]["score"]) == 16
     assert first.curves["induction_heads"]["label"][-1] == "L3.H3 (from L1)"  # a grown network's heads
     dense = score(Decoder(MODEL, 4, [0, 1, 2, 3]).eval(), cfg)  # nothing grew: no ancestry statistic
     assert "ancestry_p" not in dense.metrics
+
+
+def _lidas_heads(initial_blocks: int, n_layers: int, heads: int) -> pd.DataFrame:
+    """The ancestry columns of a head table of a LIDAS network (blocks of 2) grown to n_layers."""
+    cfg = micro_cfg("lidas", initial_blocks=initial_blocks)
+    cfg.model = dataclasses.replace(cfg.model, n_layers=n_layers)
+    ancestors = family_of(cfg.family).ancestors(cfg.model, 100, n_layers)
+    return pd.DataFrame({"ancestor": np.repeat(ancestors, heads), "head": np.tile(np.arange(heads), n_layers)})
+
+
+def test_ancestry_power_at_tiny_and_with_more_heads():
+    """At tiny (4 layers grown to 6, 2 heads: 8 ancestor heads, 4 of them with two descendants) only
+    a perfect concentration, 4 of the top 4 from 2 ancestor heads, reaches p < 0.05 (6 of the 495
+    top-4 sets do so); a count of 3 does not, nor does any top 5 (m=2 caps the count at 4). A
+    network grown more, with more heads, has power: 8 of its top 8 from 2 ancestor heads."""
+    tiny = _lidas_heads(2, 6, 2)
+    groups = ancestor_heads(tiny)
+    best = most_concentrated(groups, 4)
+    assert concentration(groups, best, 2) == max(concentration(groups, np.array(c), 2)
+                                                 for c in combinations(range(12), 4)) == 4
+    assert math.isclose(ancestry_floor(tiny, 4, 2, seed=0), 6 / 495)
+    three = np.array([2, 6, 4, 0])  # L1.H0 twice, L2.H0, L0.H0
+    count, chance, p = ancestry(tiny, tiny.loc[three], 2, seed=0)
+    assert count == 3 and math.isclose(chance, 2.3636, rel_tol=1e-4) and p > 0.05
+    assert ancestry_floor(tiny, 5, 2, seed=0) > 0.05  # raising top_k loses the power
+
+    grown = _lidas_heads(1, 8, 4)  # 2 layers grown to 8: every ancestor head has 4 descendants
+    assert ancestry_floor(grown, 8, 2, seed=0) < 1e-4
+    planted = np.flatnonzero((grown["ancestor"] == 0) & grown["head"].isin([1, 2]))
+    count, chance, p = ancestry(grown, grown.loc[planted], 2, seed=0)
+    assert count == 8 and chance < 8 and p < 0.05
 
 
 def _planted_model() -> Decoder:

@@ -1,5 +1,6 @@
-"""Training loop: schedule, learning, determinism, checkpoints and kill/resume bit-identity."""
+"""Training loop: schedule, learning, determinism, checkpoints, snapshots and kill/resume bit-identity."""
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -8,13 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from jobs.backends import load_model
-from jobs.checkpoint import checkpoint_paths, keep_final_weights, latest_checkpoint, load_checkpoint, save_atomic
-from jobs.families import build_model
+from jobs.checkpoint import (checkpoint_paths, keep_final_weights, latest_checkpoint, load_checkpoint, save_atomic,
+                             snapshot_paths, snapshots)
+from jobs.families import build_model, family_of
 from jobs.flops import schedule_flops
 from jobs.interp import pattern
 from jobs.model import Decoder
 from jobs.optim import build_optimizer
-from jobs.train import learning_rate, train, train_step
+from jobs.train import learning_rate, snapshot_steps, train, train_step
 from store import integrity
 from test_model import micro_cfg
 
@@ -48,6 +50,10 @@ def assert_same_run(first: Path, second: Path) -> None:
     assert a["model"].keys() == b["model"].keys()
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
+    kept = [list(snapshots(run)) for run in (first, second)]
+    assert [s["step"] for s in kept[0]] == [s["step"] for s in kept[1]] and kept[0]
+    for x, y in zip(*kept):
+        assert x["ancestors"] == y["ancestors"] and all(torch.equal(x["model"][k], y["model"][k]) for k in x["model"])
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +141,35 @@ def test_checkpoint_files(reference):
     state = load_checkpoint(paths[-1])
     assert {"model", "optimizer", "step", "n_layers", "ancestors", "history", "tokens", "flops"} <= set(state)
     assert state["step"] == 30 and state["n_layers"] == 6
+
+
+def test_snapshots_are_kept_at_their_steps_and_right_after_each_growth(reference, tmp_path):
+    """micro lidas: stages 0-5, 5-15, 15-30; 4 snapshots at 7, 15, 22, 30 and the growths at 5, 15.
+    A growth step's snapshot is the grown model, its copies equal to their sources; the last one
+    is the final weights; keep_final_weights leaves them all."""
+    cfg = micro_cfg("lidas")
+    stages = family_of(cfg.family).stages(cfg.model, 30)
+    assert snapshot_steps(4, 30, stages) == {5, 7, 15, 22, 30} and snapshot_steps(0, 30, stages) == set()
+    assert snapshot_steps(3, 30, stages[:1]) == {10, 20, 30}
+    run = _finished_copy(reference["lidas"], tmp_path)
+    kept = list(snapshots(run))
+    assert [(s["step"], s["n_layers"]) for s in kept] == [(5, 4), (7, 4), (15, 6), (22, 6), (30, 6)]
+    assert all(integrity.problem(path) is None for path in snapshot_paths(run))
+    grown = kept[0]["model"]
+    for copy_, source in family_of(cfg.family).duplicates(4):
+        for key in (k for k in grown if k.startswith(f"layers.{source}.")):
+            assert torch.equal(grown[key.replace(f"layers.{source}.", f"layers.{copy_}.", 1)], grown[key])
+    final = load_checkpoint(checkpoint_paths(run)[-1])["model"]
+    assert all(torch.equal(kept[-1]["model"][k], final[k]) for k in final)
+    keep_final_weights(run)
+    assert [p.name for p in snapshot_paths(run)] == [p.name for p in snapshot_paths(reference["lidas"])]
+
+
+def test_no_snapshots_when_switched_off(tmp_path):
+    cfg = micro_cfg("lidas", steps=6)
+    cfg.train = dataclasses.replace(cfg.train, snapshots=0)
+    train(cfg, tmp_path, counting_batches)
+    assert snapshot_paths(tmp_path) == [] and latest_checkpoint(tmp_path)["step"] == 6
 
 
 def test_corrupt_newest_checkpoint_falls_back(reference, tmp_path):
