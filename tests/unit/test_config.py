@@ -280,7 +280,7 @@ def test_a_revision_of_an_evaluation_is_recorded_and_reruns_it():
     with hydra_session():
         cfg = compose_run(["size=micro"])
     digest = settings_digest(cfg, "regbench")
-    assert EVALUATIONS["regbench"].revision == 3 and digest is not None
+    assert EVALUATIONS["regbench"].revision > 1 and digest is not None
     assert settings_digest(cfg, "gsm8k") is None and settings_digest(cfg, "train") is None  # revision 1
     recorded = {"jobs": {"regbench": {"status": "done"}, "gsm8k": {"status": "done"}, "train": {"status": "done"}}}
     assert not done(recorded, "regbench", cfg)  # recorded by revision 1, without a digest
