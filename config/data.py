@@ -179,12 +179,7 @@ class RegBenchDataConfig(DataConfig):
                 f"or the regime itself is never trained on")
         require(warmup.alphabet_size is None or warmup.alphabet_size[1] <= self.n_symbols,
                 f"data.warmup.alphabet_size={warmup.alphabet_size}: more than data.n_symbols={self.n_symbols}")
-        require(self.train_sequences is None,
-                f"data.warmup with data.train_sequences={self.train_sequences}: a curriculum draws fresh "
-                f"instances; use one of the two")
-        require(run.backend.trains_on_data,
-                f"data.warmup: backend={run.backend.name} trains on its own dataset, not on data.*; "
-                f"drop data.warmup or use backend=torch")
+        self._check_in_stream("warmup", "a curriculum draws fresh instances", run)
         longest = self.strings_per_instance[1] * ((warmup.string_length or self.string_length)[1] + 1)
         require(self.cut_at_context or longest <= self.seq_len + 1,
                 f"data.warmup.string_length={warmup.string_length}: its instances are longer than "
@@ -201,12 +196,16 @@ class RegBenchDataConfig(DataConfig):
         require(facts.key_length + facts.value_length + 2 <= self.seq_len + 1,
                 f"data.facts: a fact (| | key value, {facts.key_length + facts.value_length + 2} tokens) does "
                 f"not fit data.seq_len={self.seq_len} + 1")
+        self._check_in_stream("facts", "facts are mixed into the stream", run)
+
+    def _check_in_stream(self, key: str, why: str, run: JobConfig) -> None:
+        """data.<key> changes the generated stream: refused with a fixed training set (`why`) and
+        with a backend that trains on its own dataset."""
         require(self.train_sequences is None,
-                f"data.facts with data.train_sequences={self.train_sequences}: facts are mixed into the "
-                f"stream; use one of the two")
+                f"data.{key} with data.train_sequences={self.train_sequences}: {why}; use one of the two")
         require(run.backend.trains_on_data,
-                f"data.facts: backend={run.backend.name} trains on its own dataset, not on data.*; "
-                f"drop data.facts or use backend=torch")
+                f"data.{key}: backend={run.backend.name} trains on its own dataset, not on data.*; "
+                f"drop data.{key} or use backend=torch")
 
 
 @dataclass(frozen=True)
