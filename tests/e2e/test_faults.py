@@ -170,8 +170,8 @@ def small_disk(tmp_path):
 def test_disk_full_while_checkpointing_fails_clearly_and_keeps_the_previous_checkpoint(small_disk):
     root = small_disk / "store"
     driver = start_sweep(root, "size=micro", "family=dense", "seed=0", "train.steps=300",
-                         "train.checkpoint_every=100", "train.max_retries=1", "tracker=none", "eval.jobs=[regbench]",
-                         "cluster.num_cpus=1", name="full")
+                         "train.checkpoint_every=100", "train.max_retries=1", "train.snapshots=0", "tracker=none",
+                         "eval.jobs=[regbench]", "cluster.num_cpus=1", name="full")
     (rid,) = wait_for(lambda: [p.parent.parent.name for p in root.glob("runs/*/checkpoints/step_0000100.pt.sha256")],
                       process=driver)
     used = os.statvfs(small_disk)

@@ -618,13 +618,15 @@ def test_labels_for_skewed_seeds_one_sided_p_and_approximate_bootstrap(tmp_path)
 
 def test_the_confirmatory_family_follows_the_papers_claims_per_data_kind():
     """Declared with the evaluations: for RegBench data the TVD (headline first), the induction
-    score and the ablation drop; for arithmetic data GSM8K."""
+    score, the ablation drop and the closed-book knowledge accuracy (recorded only where
+    data.facts is set); for arithmetic data GSM8K."""
     from analysis.compute import confirmatory
     from jobs.registry import TRAIN
 
     specs = {name: spec for job in (TRAIN, *(ev for _, ev in EVALUATIONS.items()))
              for name, spec in job.metrics.items()}
-    assert confirmatory(specs, {"regbench"}) == ("regbench_tvd", "ablation_drop_f1", "induction_max")
+    assert confirmatory(specs, {"regbench"}) == ("regbench_tvd", "ablation_drop_f1", "induction_max",
+                                                      "knowledge_acc")
     assert confirmatory(specs, {"arith"}) == ("gsm8k_em_strict",)
     assert all(specs[m].claim for m in confirmatory(specs, {"regbench", "arith"}))  # each a claim of the paper
 
