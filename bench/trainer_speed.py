@@ -24,6 +24,7 @@ docs/performance/trainer_speed.md, which docs/performance.md includes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -41,7 +42,8 @@ from bench.report import Report, markdown_argument  # noqa: E402
 from jobs.data import train_stream
 from jobs.families import build_model  # noqa: E402
 from jobs.flops import flop_ratio, flops_per_token  # noqa: E402
-from jobs.model import ModelConfig  # noqa: E402
+import jobs.model  # noqa: E402
+from jobs.model import ModelConfig, rotate  # noqa: E402
 from jobs.optim import build_optimizer  # noqa: E402
 from jobs.train import train, train_step  # noqa: E402
 from orchestrator.config import compose_run, hydra_session  # noqa: E402
@@ -98,6 +100,26 @@ def plain_step(model, optimizer, inputs, targets, grad_clip: float) -> None:
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=False)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def autograd_norm_and_rotation():
+    """Our model with autograd's composite RMSNorm and rotation (torch.nn.RMSNorm, jobs.model.rotate):
+    what the hand-written backward passes of jobs/model.py replace."""
+    own_forward = jobs.model.RMSNorm.forward
+    jobs.model.RMSNorm.forward = torch.nn.RMSNorm.forward  # type: ignore[method-assign]
+    jobs.model._Rope.apply = staticmethod(rotate)  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        jobs.model.RMSNorm.forward = own_forward  # type: ignore[method-assign]
+        del jobs.model._Rope.apply  # back to autograd.Function's
+
+
+def composite_step(model, optimizer, inputs, targets, grad_clip: float) -> None:
+    """Our step with autograd's backward for RMSNorm and the rotation."""
+    with autograd_norm_and_rotation():
+        train_step(model, optimizer, inputs, targets, grad_clip)
 
 
 def alternate(contenders: dict, stream, rounds: int, steps_per_round: int) -> dict[str, float]:
@@ -199,6 +221,7 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
     # The variants and compiled twins share their weights with the eager models: each step moves
     # them a little, which changes nothing in the time a step takes.
     median = alternate({"HF": (hf_step, hf, opt_hf), "ours": (train_step, ours, opt_ours),
+                        "ours, autograd's RMSNorm and rotation": (composite_step, ours, opt_ours),
                         "ours, per-tensor clip": (plain_step, ours, opt_ours),
                         "ours, per-tensor clip, per-parameter AdamW": (plain_step, ours, opt_loop),
                         "ours, compiled": (train_step, torch.compile(ours), opt_ours),
@@ -213,6 +236,7 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
     for col in ("trainer", "median step", "tokens/s", "ratio to HF (eager / compiled alike)"):
         table.add_column(col, justify="right")
     labels = {"HF": "HF LlamaForCausalLM (sdpa), Trainer's step", "ours": "ours (jobs/model.py, jobs/train.py)",
+              "ours, autograd's RMSNorm and rotation": "ours, autograd's backward for RMSNorm and RoPE",
               "ours, per-tensor clip": "ours, clip_grad_norm_ per tensor",
               "ours, per-tensor clip, per-parameter AdamW": "ours, per-tensor clip, per-parameter AdamW",
               "HF, compiled": "HF, torch.compile",

@@ -21,13 +21,61 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, 
     return angles.cos(), angles.sin()
 
 
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate channel pairs (i, i + head_dim/2) of x by the angles whose cos and sin are given."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+
+
+class _Rope(torch.autograd.Function):
+    """A rotation's gradient is the gradient rotated back (by the negative angle): one pass of
+    the same ops, where autograd would differentiate each multiply and the concatenation."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        return rotate(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return rotate(grad, cos, -sin), None, None
+
+
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate channel pairs (i, i + head_dim/2) of x [B, heads, T, head_dim] by position: cos and
     sin [T, head_dim // 2] broadcast against x's halves (unsqueezed to [T, 1, head_dim // 2] they
     fit the projection's own layout [B, T, heads, head_dim])."""
-    first, second = x.chunk(2, dim=-1)
-    rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
-    return rotated.type_as(x)
+    return _Rope.apply(x, cos, sin).type_as(x)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """x * rsqrt(mean(x^2) + eps) * weight with its backward written out: on CPU, autograd's
+    composite takes twice the time over the same activations (docs/performance/trainer_speed.md)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        rstd = torch.rsqrt(x.square().mean(-1, keepdim=True).add_(eps))
+        normed = x * rstd
+        ctx.save_for_backward(normed, rstd, weight)
+        return normed * weight
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        normed, rstd, weight = ctx.saved_tensors
+        grad_normed = grad * weight
+        grad_x = (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True)).mul_(rstd)
+        return grad_x, (grad * normed).flatten(0, -2).sum(0), None
+
+
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm (same parameter, same state dict) whose CPU path is _RMSNormFunction; on CUDA
+    torch's own fused kernel is the faster one."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.is_cuda or self.eps is None:
+            return super().forward(x)
+        return _RMSNormFunction.apply(x, self.weight, self.eps)
 
 
 class KVCache:
@@ -113,9 +161,9 @@ class Block(nn.Module):
     def __init__(self, model_cfg: ModelConfig):
         super().__init__()
         d, eps = model_cfg.d_model, model_cfg.norm_eps
-        self.attn_norm = nn.RMSNorm(d, eps=eps)
+        self.attn_norm = RMSNorm(d, eps=eps)
         self.attn = Attention(d, model_cfg.n_heads, model_cfg.n_kv_heads)
-        self.mlp_norm = nn.RMSNorm(d, eps=eps)
+        self.mlp_norm = RMSNorm(d, eps=eps)
         self.mlp = SwiGLU(d, model_cfg.d_ff)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
@@ -143,7 +191,7 @@ class Decoder(nn.Module):
         self.plan = list(plan)
         self.embed = nn.Embedding(vocab, d)
         self.layers = nn.ModuleList(Block(model_cfg) for _ in range(n_unique_layers))
-        self.norm = nn.RMSNorm(d, eps=model_cfg.norm_eps)
+        self.norm = RMSNorm(d, eps=model_cfg.norm_eps)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         if model_cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight

@@ -14,7 +14,7 @@ from config.resources import TrainResources
 from config.train import TrainConfig
 from jobs.families import Stage, build_model, family_of
 from jobs.flops import flop_ratio, flops_per_token, schedule_flops
-from jobs.model import Decoder
+from jobs.model import Decoder, RMSNorm, apply_rope, rope_tables, rotate
 from jobs.optim import build_optimizer
 
 
@@ -100,6 +100,30 @@ def test_grouped_query_attention_matches_repeated_kv_heads():
     scores = scores.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf"))
     expected = scores.softmax(-1) @ v.repeat_interleave(2, dim=1)
     torch.testing.assert_close(attn.attend(q, k, v), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_hand_written_backward_passes_are_the_gradients_of_their_forward():
+    """RMSNorm's and the rotation's backward passes (jobs/model.py) against numerical gradients in
+    float64, and against autograd's own composite in float32 on the shapes of a step."""
+    x64 = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    norm64 = RMSNorm(8, eps=1e-5).double()
+    with torch.no_grad():
+        norm64.weight.uniform_(0.5, 1.5)
+    cos, sin = (table.double()[:5] for table in rope_tables(8, 5, 10000.0))
+    assert torch.autograd.gradcheck(norm64, (x64,))
+    assert torch.autograd.gradcheck(lambda x: apply_rope(x, cos, sin), (x64,))
+
+    x = torch.randn(4, 16, 32, requires_grad=True)
+    norm, grad = RMSNorm(32, eps=1e-5), torch.randn(4, 16, 32)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    fast = torch.autograd.grad(norm(x), (x, norm.weight), grad)
+    composite = torch.autograd.grad(torch.nn.RMSNorm.forward(norm, x), (x, norm.weight), grad)
+    for ours, theirs in zip(fast, composite):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    cos, sin = rope_tables(32, 16, 10000.0)
+    fast_rope = torch.autograd.grad(apply_rope(x, cos, sin), x, grad)
+    torch.testing.assert_close(fast_rope[0], torch.autograd.grad(rotate(x, cos, sin), x, grad)[0])
 
 
 def test_same_seed_same_init_and_init_std():

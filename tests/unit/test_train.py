@@ -13,8 +13,7 @@ from jobs.checkpoint import (checkpoint_paths, keep_final_weights, latest_checkp
                              snapshot_paths, snapshots)
 from jobs.families import build_model, family_of
 from jobs.flops import schedule_flops
-from jobs.interp import pattern
-from jobs.model import Decoder
+from jobs.model import Decoder, rotate
 from jobs.optim import build_optimizer
 from jobs.train import learning_rate, snapshot_steps, train, train_step
 from store import integrity
@@ -211,24 +210,38 @@ def test_load_model_for_evaluation(reference, tmp_path):
 
 
 def plain_logits(model: Decoder, tokens: torch.Tensor) -> torch.Tensor:
-    """Decoder.forward in plain math: a matmul per projection, softmax(q k^T) v attention
-    (jobs/interp.py's pattern), none of the fused paths."""
+    """Decoder.forward in plain math, differentiated by autograd: a matmul per projection,
+    F.rms_norm, the rotation as written (jobs.model.rotate), softmax(q k^T) v attention; none of
+    the fused paths or hand-written backward passes."""
     batch, seq = tokens.shape
     cos, sin = model.rope_cos[:seq], model.rope_sin[:seq]
+
+    def norm(module: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, module.normalized_shape, module.weight, module.eps)
+
+    def heads(proj: torch.nn.Linear, x: torch.Tensor, n: int, head_dim: int) -> torch.Tensor:
+        return proj(x).view(batch, seq, n, head_dim).transpose(1, 2)
+
     x = model.embed(tokens)
+    future = torch.ones(seq, seq, dtype=torch.bool).triu(1)
     for index in model.plan:
         block = model.layers[index]
-        attn, normed = block.attn, block.attn_norm(x)
-        values = attn.v_proj(normed).view(batch, seq, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
-        heads = pattern(attn, normed, cos, sin) @ values.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)
-        x = x + attn.o_proj(heads.transpose(1, 2).reshape(batch, seq, -1))
-        x = x + block.mlp(block.mlp_norm(x))
-    return model.lm_head(model.norm(x))
+        attn, normed = block.attn, norm(block.attn_norm, x)
+        group = attn.n_heads // attn.n_kv_heads
+        q = rotate(heads(attn.q_proj, normed, attn.n_heads, attn.head_dim), cos, sin)
+        k = rotate(heads(attn.k_proj, normed, attn.n_kv_heads, attn.head_dim), cos, sin)
+        v = heads(attn.v_proj, normed, attn.n_kv_heads, attn.head_dim)
+        scores = q @ k.repeat_interleave(group, dim=1).transpose(-1, -2) / math.sqrt(attn.head_dim)
+        mixed = scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v.repeat_interleave(group, dim=1)
+        x = x + attn.o_proj(mixed.transpose(1, 2).reshape(batch, seq, -1))
+        x = x + block.mlp(norm(block.mlp_norm, x))
+    return model.lm_head(norm(model.norm, x))
 
 
 def test_the_fast_step_follows_the_plain_step_for_ten_steps():
-    """The fused attention projection, SDPA, foreach clipping and fused AdamW change rounding
-    only: the first 10 losses stay within 1e-6 of the plain path's (per-parameter AdamW)."""
+    """The fused attention projection, SDPA, the hand-written backward passes of RMSNorm and the
+    rotation, foreach clipping and fused AdamW change rounding only: the first 10 losses stay
+    within 1e-6 of the plain path's (per-parameter AdamW)."""
     cfg = micro_cfg()
     torch.manual_seed(cfg.seed)
     fast = build_model(cfg.family, cfg.model)
