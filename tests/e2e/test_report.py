@@ -508,7 +508,8 @@ def test_html_has_the_content_of_the_markdown(store):
 def test_render_html_converts_the_emitted_markdown():
     markdown = ("# Sweep `a`: results\n\n- **Runs:** 3 < 4\n- two\n\n| family | x |\n|---|---|\n"
                 "| *ref* | a \\| b |\n\n> **Warning:** careful\n\nline one\nline two\n\n![plot](plots/p.png)\n")
-    page = render_html(markdown, {"plots/p.png": b"PNG"})
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + (750).to_bytes(4, "big") + (300).to_bytes(4, "big")
+    page = render_html(markdown, {"plots/p.png": png})
     assert "<title>Sweep a: results</title>" in page
     assert '<h1 id="sweep-a-results">Sweep <code>a</code>: results</h1>' in page
     assert "<ul>\n<li><strong>Runs:</strong> 3 &lt; 4</li>\n<li>two</li>\n</ul>" in page
@@ -516,7 +517,8 @@ def test_render_html_converts_the_emitted_markdown():
     assert "<tr>\n<td><em>ref</em></td>\n<td>a | b</td>\n</tr>" in page
     assert "<blockquote>\n<p><strong>Warning:</strong> careful</p>\n</blockquote>" in page
     assert "<p>line one\nline two</p>" in page  # one paragraph: a single line break does not end it
-    assert f'<img src="data:image/png;base64,{base64.b64encode(b"PNG").decode()}" alt="plot" />' in page
+    # shown at its drawn size: 750 px at 150 dpi is 5 inches, 500 CSS px
+    assert f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="plot" width="500" />' in page
     with pytest.raises(ValueError, match="not embedded"):
         render_html("![plot](plots/missing.png)\n", {})
 
