@@ -295,8 +295,9 @@ def _toc(before: list[str], titles: list[str], after: list[str]) -> list[str]:
 
 
 def render_markdown(analysis: Analysis, figures: list[Plot] | None = None) -> str:
-    """report.md's text. First screen: the headline, the paper's claims with their verdicts and
-    the forest plot; then a table of contents, one section per job (cells, comparisons, curves,
+    """report.md's text. First screen: the headline, the forest plot and the paper's claims with
+    their verdicts (the plot before the claims table, which is long enough to push it off the
+    screen); then a table of contents, one section per job (cells, comparisons, curves,
     figures), how sure we are, failed runs, and the setup and how to read it at the end.
     Deterministic: built only from the analysis, sorted throughout."""
     figures = draw(analysis) if figures is None else figures
@@ -308,7 +309,7 @@ def render_markdown(analysis: Analysis, figures: list[Plot] | None = None) -> st
             **({"Figures": ["## Figures", "", *_figure_lines(unplaced)]} if unplaced else {}),
             "How sure are we": how_sure_section(analysis), "Failed and unfinished runs": failed_section(analysis),
             "Setup": setup_section(analysis), "How to read this": how_to_read_section(analysis)}
-    first = [f"# Sweep `{analysis.sweep}`: results", "", *headline_section(analysis), "", *claims_section(analysis),
-             "", *_figure_lines(forest)]
+    first = [f"# Sweep `{analysis.sweep}`: results", "", *headline_section(analysis), "", *_figure_lines(forest),
+             *claims_section(analysis), ""]
     body = [line for block in rest.values() for line in (*block, "")]
     return "\n".join([*first, *_toc(first, list(rest), body), *body]).rstrip("\n") + "\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import textwrap
 from typing import Any
 from collections.abc import Mapping, Sequence
 
@@ -40,6 +41,10 @@ BAND = "min-max over seeds"
 REFERENCE_STYLES = (":", "--", "-.")  # in-context unigram, bigram, trigram
 GROUP_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 DODGE_POINTS = 7  # families drawn this far apart sideways, so equal-compute points do not hide each other
+LABEL_GAP_POINTS = 10  # reference labels in the margin at least this far apart, so close values stay legible
+# Figures are sized for report.html, which shows them at 100 CSS px per inch (analysis/html.py) in a
+# page 11.5 inches wide: a panel of PANEL_WIDTH inches keeps three side by side at full size.
+PANEL_WIDTH = 3.3
 _styled = matplotlib.rc_context(STYLE)  # as a decorator: each drawing under STYLE
 
 
@@ -53,6 +58,12 @@ def render(figure: Figure, fmt: str) -> bytes:
 
 def _colours(families: Sequence[str]) -> dict[str, str]:
     return {family: f"C{i % 10}" for i, family in enumerate(families)}
+
+
+def _wrapped(text: str, width: int) -> str:
+    """`text` broken into lines of at most `width` characters: metric names run long and an axis
+    label longer than its axis spills over the next panel or off the figure."""
+    return textwrap.fill(text, width, break_long_words=False)
 
 
 def _groups(frame: pd.DataFrame) -> list[str]:
@@ -96,7 +107,7 @@ def forest(comparisons: pd.DataFrame, families: Sequence[str], baseline: str) ->
     y = {row: -float(i) for i, row in enumerate(rows)}
     hierarchical = {"hb_low", "hb_high"} <= set(comparisons.columns) and comparisons["hb_low"].notna().any()
     labels = list(dict.fromkeys(comparisons["label"]))
-    figure = Figure(figsize=(max(7.0, 4.6 * len(labels) + 1.2), 2.2 + 0.42 * len(rows)), layout="constrained")
+    figure = Figure(figsize=(max(6.0, PANEL_WIDTH * len(labels) + 1.4), 2.2 + 0.42 * len(rows)), layout="constrained")
     axes = figure.subplots(1, len(labels), squeeze=False, sharey=True)[0]
     for ax, label in zip(axes, labels):
         table = comparisons[comparisons["label"] == label]
@@ -113,9 +124,9 @@ def forest(comparisons: pd.DataFrame, families: Sequence[str], baseline: str) ->
             ax.plot(row.diff_mean, at, "o", markersize=8, markeredgewidth=1.6, color=colour,
                     markerfacecolor=colour if decisive else "white", zorder=3)
             if getattr(row, "winners_curse", False):
-                ax.annotate("early stop", (row.ci_high, at), xytext=(4, 4), textcoords="offset points", fontsize=7,
+                ax.annotate("early stop", (row.ci_high, at), xytext=(4, 4), textcoords="offset points", fontsize=8,
                             color="0.3")
-        ax.set_xlabel(f"{label}: improvement over {baseline}\n(> 0 = better, for every metric)")
+        ax.set_xlabel(f"{_wrapped(label, 44)}\nimprovement over {baseline} (> 0 = better)")
         ax.text(0, 1.01, "\u2190 worse", transform=ax.transAxes, ha="left", va="bottom", color="0.4")
         ax.text(1, 1.01, "better \u2192", transform=ax.transAxes, ha="right", va="bottom", color="0.4")
         ax.grid(axis="y", visible=False)
@@ -130,7 +141,7 @@ def forest(comparisons: pd.DataFrame, families: Sequence[str], baseline: str) ->
     if hierarchical:
         legend.append(Line2D([], [], color="0.3", linewidth=1, label="hierarchical bootstrap interval"))
     legend.append(Patch(color="0.88", label="\u00b1delta_min (equivalence margin)"))
-    figure.legend(handles=legend, loc="outside lower center", ncols=2)
+    figure.legend(handles=legend, loc="outside lower center", ncols=3)
     return figure
 
 
@@ -144,12 +155,38 @@ def _seed_offsets(seeds: pd.Series) -> dict[object, float]:
 
 
 def _reference_lines(ax, references: pd.DataFrame) -> None:
-    """Labelled horizontal lines (name and value in the right margin)."""
+    """Horizontal lines at the references' values (`_reference_labels` names them)."""
     for style, row in zip(itertools.cycle(REFERENCE_STYLES), references.itertuples()):
         ax.axhline(row.value, color="0.35", linestyle=style, linewidth=1, zorder=1)
-        ax.annotate(f"{row.name} {row.value:.3g}", (1, row.value), xycoords=("axes fraction", "data"),
-                    xytext=(4, 0), textcoords="offset points", va="center", fontsize=8, color="0.25",
-                    annotation_clip=False)
+
+
+def _reference_labels(ax, references: pd.DataFrame, height: float) -> None:
+    """Each reference's name and value in the right margin beside its line, once the y-limits are
+    final; labels closer than LABEL_GAP_POINTS (on an axes `height` points tall) are spread apart
+    around their lines, in the lines' order (the in-context bigram and trigram often nearly agree)."""
+    low, high = ax.get_ylim()
+    rows = sorted(references.itertuples(), key=lambda row: row.value)
+    at = _dodge([(row.value - low) / (high - low) for row in rows], LABEL_GAP_POINTS / height)
+    for row, y in zip(rows, at):
+        ax.annotate(f"{row.name} {row.value:.3g}", (1, y), xycoords="axes fraction", xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize=8, color="0.25", annotation_clip=False)
+
+
+def _dodge(positions: list[float], gap: float) -> list[float]:
+    """Ascending `positions` moved apart to at least `gap`: each run of crowded ones is spaced by
+    `gap` and centred on its own mean, so every label stays as near its line as the others allow."""
+    runs: list[list[float]] = []
+    for position in positions:
+        runs.append([position])
+        while len(runs) > 1 and _span(runs[-2], gap)[1] + gap > _span(runs[-1], gap)[0]:
+            runs.append(runs.pop(-2) + runs.pop())
+    return [low + i * gap for run in runs for low in [_span(run, gap)[0]] for i in range(len(run))]
+
+
+def _span(run: list[float], gap: float) -> tuple[float, float]:
+    """Lowest and highest position of a run of labels spaced by `gap` around its mean."""
+    half = (len(run) - 1) / 2 * gap
+    return float(np.mean(run)) - half, float(np.mean(run)) + half
 
 
 DOTS_MAX = 200  # seeds per cell up to which each is a dot; beyond, the cell's distribution is drawn
@@ -192,7 +229,10 @@ def seed_dots(values: pd.DataFrame, cells: pd.DataFrame, references: pd.DataFram
         ax.set_xlim(-0.5, len(present) - 0.3)
         ax.set_title(group)
         ax.grid(axis="x", visible=False)
-    axes[0].set_ylabel(label)
+    height = axes[0].get_position().height * figure.get_figheight() * 72  # points, before the layout's trims
+    for ax, group in zip(axes, groups):
+        _reference_labels(ax, references[references["group"] == group], height)
+    axes[0].set_ylabel(_wrapped(label, 40))
     level = cells["ci_level"].iloc[0] if not cells.empty else 0.95
     legend: list[Artist] = (
         [Patch(facecolor="0.85", edgecolor="0.3", label="seeds: quartiles, whiskers 5th-95th percentile")]
@@ -263,7 +303,7 @@ def loss_curves(history: pd.DataFrame, families: Sequence[str]) -> Figure | None
                     ax.plot(*point, marker="^", markersize=8, color=colours[family], markeredgecolor="black",
                             markeredgewidth=0.6, linestyle="", zorder=4)
                     ax.annotate(f"{grow.n_layers} layers", point, xytext=(0, 9), textcoords="offset points",
-                                ha="center", fontsize=7, color=colours[family],
+                                ha="center", fontsize=8, color=colours[family],
                                 bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none"})
         row[0].set_ylim(top=_zoom_top(frame))
         row[0].set_ylabel("training loss (per batch)")
@@ -309,9 +349,9 @@ def context_curves(curves: pd.DataFrame, families: Sequence[str], x: str, model:
         present = [(c, name) for c, name in references.items() if c in frame.columns]
         for style, (column, name) in zip(itertools.cycle(REFERENCE_STYLES), present):
             mean = frame.groupby(x)[column].mean()
-            ax.plot(mean.index, mean.to_numpy(), color="0.3", linestyle=style, linewidth=1.2, label=name)
+            ax.plot(mean.index, mean.to_numpy(), color="0.3", linestyle=style, linewidth=1.2, label=_wrapped(name, 32))
         ax.fill_between([], [], color="0.5", alpha=0.25, label=f"band: {BAND}")
-        ax.set(title=group, ylabel=label)
+        ax.set(title=group, ylabel=_wrapped(label, 45))
         if counted:
             positions = frame.groupby(x)[count].mean()
             axes[2 * i + 1].bar(positions.index, positions.to_numpy(), color="0.75", width=0.7)
@@ -344,7 +384,7 @@ def score_vs_flops(points: pd.DataFrame, families: Sequence[str]) -> Figure | No
     groups = _groups(points)
     markers = {group: GROUP_MARKERS[i % len(GROUP_MARKERS)] for i, group in enumerate(groups)}
     labels = list(dict.fromkeys(points["label"]))
-    figure = Figure(figsize=(max(6.4, 4.8 * len(labels)), 4.2), layout="constrained")
+    figure = Figure(figsize=(max(6.0, (PANEL_WIDTH + 0.3) * len(labels)), 3.8), layout="constrained")
     axes = figure.subplots(1, len(labels), squeeze=False)[0]
     dodge = {family: (i - (len(families) - 1) / 2) * DODGE_POINTS for i, family in enumerate(families)}
     for ax, label in zip(axes, labels):
@@ -355,7 +395,7 @@ def score_vs_flops(points: pd.DataFrame, families: Sequence[str]) -> Figure | No
             ax.plot(p.flops, p.mean, marker=markers[p.group], markersize=8, color=colour, linestyle="",
                     markeredgecolor="white", zorder=3, transform=shifted)
         _fit_limits(ax, points[points["label"] == label])
-        ax.set(xlabel="training FLOPs (mean over seeds)", ylabel=f"{label} (mean over seeds)")
+        ax.set(xlabel="training FLOPs (mean over seeds)", ylabel=f"{_wrapped(label, 40)}\n(mean over seeds)")
         ax.margins(x=0.15, y=0.1)
     level = points["ci_level"].iloc[0]
     handles = [Line2D([], [], marker="o", color=colours[f], linestyle="", label=f)
@@ -363,5 +403,5 @@ def score_vs_flops(points: pd.DataFrame, families: Sequence[str]) -> Figure | No
     if len(groups) > 1:
         handles += [Line2D([], [], marker=m, color="0.4", linestyle="", label=g) for g, m in markers.items()]
     handles.append(Line2D([], [], color="0.4", linewidth=1.6, label=f"{level_text(level)} t-interval over seeds"))
-    figure.legend(handles=handles, loc="outside right upper")
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles))
     return figure

@@ -309,14 +309,19 @@ def section(report: str, heading: str) -> str:
     return report.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
 
 
+def headline_of(report: str) -> str:
+    """The headline's lines, without the forest plot below them."""
+    return section(report, "Headline").split("\n### ", 1)[0]
+
+
 def test_headline_comes_first_and_matches_the_comparisons_table(store):
     report = write_report(store, "demo").read_text()
-    order = ["## Headline", "## Claims of the paper", "### Differences against dense", "## Contents",
+    order = ["## Headline", "### Differences against dense", "## Claims of the paper", "## Contents",
              "## RegBench: in-context language learning", "## How sure are we", "## Setup", "## How to read this"]
     assert [report.index(f"{heading}\n") for heading in order] == sorted(report.index(f"{h}\n") for h in order)
     # What was seen first: looped at tiny is worse than the unigram estimator, and no other model
     # beats the bigram estimator (0.20; the best, lidas at small, has 0.2033).
-    caution, *bigram, decisive, undecided = section(report, "Headline").splitlines()[1:]
+    caution, *bigram, decisive, undecided = headline_of(report).splitlines()[1:]
     assert bigram == [
         "- Caution: dense, lidas and looped at small do not beat the in-context bigram estimator on RegBench TVD, so"
         " there comparisons on it do not show in-context learning beyond what that estimator counts.",
@@ -351,7 +356,7 @@ def test_headline_comes_first_and_matches_the_comparisons_table(store):
 
 def test_headline_states_decisive_claims(decisive_store):
     report = write_report(decisive_store, "demo").read_text()
-    lines = section(report, "Headline").splitlines()
+    lines = headline_of(report).splitlines()
     assert lines[1].startswith("- Caution: dense, lidas and looped at tiny do not beat the in-context bigram")
     del lines[1]  # what was seen comes first; then the claims
     comparisons = analyse(decisive_store, "demo").comparisons.set_index("family")
@@ -388,7 +393,7 @@ def test_the_headline_says_whether_the_models_formed_induction_heads(tmp_path, s
             write_run(root, run_ids[-1], family, "tiny", seed,
                       {"regbench_tvd": TVD[(family, "tiny")][seed], "induction_max": score, **NGRAMS})
     write_sweep(root, "demo", run_ids, "2025-01-01T00:00:00", [])
-    headline = section(write_report(root, "demo").read_text(), "Headline").splitlines()
+    headline = headline_of(write_report(root, "demo").read_text()).splitlines()
     assert [line for line in headline if "induction heads" in line] == [expected]
 
 
@@ -420,7 +425,7 @@ def test_missing_and_nan_values_are_counted_and_named(tmp_path):
                  " (seed 3, not recorded).")
     tvd = "- dense at tiny: 1 of 4 seeds has no regbench_tvd: run id dense-2 (seed 2, NaN)."
     acc = "- dense at tiny: 1 of 4 seeds has no regbench_acc: run id dense-2 (seed 2, NaN)."
-    headline = section(report, "Headline")
+    headline = headline_of(report)
     assert f"- Left out for a missing or NaN value: {induction[2:]}" in headline
     assert f"- Left out for a missing or NaN value: {tvd[2:]}" in headline
     assert "regbench_acc" not in headline  # exploratory: named in its own section only
@@ -499,7 +504,7 @@ def test_html_has_the_content_of_the_markdown(store):
     assert page.count("<table>") == report.count("\n|---")
     assert page.count("<li>") == sum(line.startswith("- ") for line in report.splitlines())
     assert page.count("<h3 id=") == sum(line.startswith("### ") for line in report.splitlines())
-    for line in section(report, "Headline").strip().splitlines():
+    for line in headline_of(report).strip().splitlines():
         assert f"<li>{html.escape(line[2:])}</li>" in page
     assert "**" not in page and "|---" not in page and "`" not in page
     assert "<blockquote>\n<p><strong>Warning:</strong> looped at tiny does not beat" in page
@@ -508,7 +513,8 @@ def test_html_has_the_content_of_the_markdown(store):
 def test_render_html_converts_the_emitted_markdown():
     markdown = ("# Sweep `a`: results\n\n- **Runs:** 3 < 4\n- two\n\n| family | x |\n|---|---|\n"
                 "| *ref* | a \\| b |\n\n> **Warning:** careful\n\nline one\nline two\n\n![plot](plots/p.png)\n")
-    page = render_html(markdown, {"plots/p.png": b"PNG"})
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + (750).to_bytes(4, "big") + (300).to_bytes(4, "big")
+    page = render_html(markdown, {"plots/p.png": png})
     assert "<title>Sweep a: results</title>" in page
     assert '<h1 id="sweep-a-results">Sweep <code>a</code>: results</h1>' in page
     assert "<ul>\n<li><strong>Runs:</strong> 3 &lt; 4</li>\n<li>two</li>\n</ul>" in page
@@ -516,7 +522,8 @@ def test_render_html_converts_the_emitted_markdown():
     assert "<tr>\n<td><em>ref</em></td>\n<td>a | b</td>\n</tr>" in page
     assert "<blockquote>\n<p><strong>Warning:</strong> careful</p>\n</blockquote>" in page
     assert "<p>line one\nline two</p>" in page  # one paragraph: a single line break does not end it
-    assert f'<img src="data:image/png;base64,{base64.b64encode(b"PNG").decode()}" alt="plot" />' in page
+    # shown at its drawn size: 750 px at 150 dpi is 5 inches, 500 CSS px
+    assert f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="plot" width="500" />' in page
     with pytest.raises(ValueError, match="not embedded"):
         render_html("![plot](plots/missing.png)\n", {})
 
@@ -671,7 +678,7 @@ def test_every_place_states_the_rules_verdict_with_its_look_level_and_family(dec
     assert set(rows["correction_family"]) == {family}
     report = write_report(decisive_store, "demo").read_text()
     lidas, looped = f"(look 1 of 2, 97.5%, {family})", f"(look 2 of 2, 97.5%, {family})"
-    headline = section(report, "Headline")
+    headline = headline_of(report)
     assert f"- Stopped for futility (the seeds that could decide are more than adaptive.max_seeds): lidas on" \
            f" RegBench TVD at tiny {lidas}." in headline
     assert f"- No decision yet: looped on RegBench TVD at tiny {looped}" in headline

@@ -92,7 +92,7 @@ class _Outline(HTMLParser):
 
 
 def test_report_html_opens_with_the_answer(micro_store):
-    """The first screen: headline, the paper's claims, the forest plot; then the contents, the
+    """The first screen: headline, the forest plot, the paper's claims; then the contents, the
     jobs' sections (the headline metric's first), and the setup at the end."""
     root, _ = micro_store
     page = _Outline()
