@@ -99,6 +99,14 @@ def _cost_section(analysis: Analysis) -> str:
     return next((spec.section for spec in analysis.metric_specs.values() if spec.cost), "")
 
 
+def _curriculum_text(history: pd.DataFrame) -> str:
+    """The loss caption's words for the dotted line, where a run had a data curriculum."""
+    if "curriculum_end" not in history.columns or history["curriculum_end"].isna().all():
+        return ""
+    return ("; dotted line: where the data curriculum (data.warmup) hands over to the regime (on the"
+            " FLOPs axis one per family), where the loss jumps because the data changes")
+
+
 def draw(analysis: Analysis) -> list[Plot]:
     """The report's figures, in report order."""
     o = analysis.options
@@ -119,7 +127,8 @@ def draw(analysis: Analysis) -> list[Plot]:
         *[_seed_plot(analysis, metric) for metric in analysis.primary_metrics],
         Plot("loss", "Training loss",
              f"Mean over seeds, band: {plots.BAND}; left against step, right against cumulative training"
-             " FLOPs; triangles: steps where lidas grew deeper. The first steps are cut off at the top.",
+             f" FLOPs; triangles: steps where lidas grew deeper{_curriculum_text(analysis.history)}."
+             " The first steps are cut off at the top.",
              plots.loss_curves(_keyed(analysis, analysis.history), families(analysis)),
              "no finished run has a history.parquet", _cost_section(analysis)),
         _cost_plot(analysis),

@@ -322,10 +322,15 @@ class Selection:
         return table[[*RUN_KEYS, *[c for c in stacked.columns if c != "run_id"]]]
 
     def history(self) -> pd.DataFrame:
+        """The training logs, with `curriculum_end`: the step at which a run's data curriculum
+        (data.warmup) hands over to the regime, where its loss jumps (NaN without one)."""
         def read(run_id: str) -> pd.DataFrame | None:
             path = self.layout.run(run_id).history
             return pd.read_parquet(path) if os.path.isfile(path) else None
-        return self.per_run(read)
+        ends = {run_id: self.configs.groups[group].get("data.warmup.steps")
+                for run_id, group in zip(self.done["run_id"], self.done["group"])}
+        table = self.per_run(read)
+        return table.assign(curriculum_end=pd.to_numeric(table["run_id"].map(ends), errors="coerce"))
 
     def curves(self, curve: str) -> pd.DataFrame:
         points = self.results.curves.get(curve, {})

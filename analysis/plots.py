@@ -294,9 +294,13 @@ def loss_curves(history: pd.DataFrame, families: Sequence[str]) -> Figure | None
             runs = frame[frame["family"] == family]
             loss = _spread(runs, "step", "loss")
             grown = _growth(runs) if "n_layers" in runs.columns else pd.DataFrame(columns=["step", "n_layers"])
+            handover = _curriculum_end(runs, loss["step"])
             for ax, column in zip(row, x_axes):
                 x = runs.groupby("step")[column].mean().reindex(loss["step"]).to_numpy()
                 _band(ax, x, loss, colours[family], family)
+                if handover is not None:  # on the FLOPs axis each family reaches that step elsewhere
+                    ax.axvline(x[handover], color="0.35" if column == "step" else colours[family],
+                               linestyle=":", linewidth=1.0, zorder=1)
                 for grow in grown.itertuples():
                     at = loss.index[loss["step"] == grow.step][0]
                     point = (x[at], loss["mean"].iloc[at])
@@ -314,8 +318,19 @@ def loss_curves(history: pd.DataFrame, families: Sequence[str]) -> Figure | None
     handles += [Patch(color="0.5", alpha=0.25, label=f"band: {BAND}"),
                 Line2D([], [], marker="^", color="0.5", markeredgecolor="black", linestyle="",
                        label="depth grown (layers added)")]
-    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles))
+    if history.get("curriculum_end", pd.Series(dtype=float)).notna().any():
+        handles.append(Line2D([], [], color="0.35", linestyle=":", label="data curriculum ends"))
+    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4))
     return figure
+
+
+
+def _curriculum_end(runs: pd.DataFrame, steps: pd.Series) -> int | None:
+    """The position in `steps` (the logged steps) of the first step after the runs' data
+    curriculum (data.warmup): the loss jumps there because the data changes. None without one."""
+    ends = runs["curriculum_end"].dropna() if "curriculum_end" in runs.columns else pd.Series(dtype=float)
+    after = (steps >= ends.iloc[0]).to_numpy().nonzero()[0] if len(ends) else []
+    return int(after[0]) if len(after) else None
 
 
 def _zoom_top(frame: pd.DataFrame) -> float:

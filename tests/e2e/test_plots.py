@@ -184,6 +184,23 @@ def test_loss_curves_mark_where_lidas_grew():
     assert by_flops.get_xlabel() == "training FLOPs (cumulative)"
 
 
+def test_loss_curves_mark_where_the_data_curriculum_ends():
+    """A dotted line at the first logged step after data.warmup: one on the step axis, and on the
+    FLOPs axis one per family, at the FLOPs that family had spent by then (lidas fewer)."""
+    frames = [history(family, seed).assign(run_id=f"{family}-{seed}", family=family, group="tiny", seed=seed,
+                                           curriculum_end=45.0)
+              for family in ("dense", "lidas") for seed in range(2)]
+    by_step, by_flops = plots.loss_curves(pd.concat(frames, ignore_index=True), ["dense", "lidas"]).axes
+
+    def dotted(ax):
+        return sorted({line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == ":"})
+    assert dotted(by_step) == [50]
+    flops_at_50 = {f: float(history(f, 0).set_index("step").loc[50, "flops"]) for f in ("dense", "lidas")}
+    assert dotted(by_flops) == sorted(flops_at_50.values()) and flops_at_50["lidas"] < flops_at_50["dense"]
+    without = plots.loss_curves(pd.concat(frames, ignore_index=True).drop(columns="curriculum_end"), ["dense"])
+    assert not [line for ax in without.axes for line in ax.lines if line.get_linestyle() == ":"]
+
+
 def test_nothing_to_draw_gives_none():
     empty = pd.DataFrame(columns=["family", "group"])
     assert plots.forest(empty, ["dense"], "dense") is None

@@ -26,7 +26,7 @@ from jobs.data import STREAMS
 from jobs.evals import EVALUATIONS
 from jobs.families import FAMILIES, family_of
 from orchestrator import grid
-from orchestrator.config import (CONF_DIR, ConfigError, RunConfig, apply_value_overrides, compose_run,
+from orchestrator.config import (CONF_DIR, ConfigError, RunConfig, apply_value_overrides, compose_run, compose_runs,
                                  hydra_session, load_run_config, typed_run)
 from orchestrator.executors import EXECUTORS
 from orchestrator.identity import run_id, semantic_config
@@ -165,6 +165,7 @@ def test_run_ids_of_format_1_are_kept():
     the typed configs of today give every one of them the same id, so runs of existing stores are
     found; and a stored format-1 config.yaml still loads."""
     cases = json.loads(FORMAT1.read_text())
+    points = []
     with hydra_session():
         for case in cases:
             overrides = case["overrides"]
@@ -184,8 +185,11 @@ def test_run_ids_of_format_1_are_kept():
                     overrides += TINY_EASY_FORMAT1
             if case["config"]["model"]["name"] == "tiny" and case["config"]["family"]["name"] == "lidas":
                 overrides.append("family.growth.initial_blocks=1")
-            assert run_id(compose_run(overrides)) == case["run_id"], overrides
-            assert run_id(case["config"]) == case["run_id"]
+            points.append(overrides)
+        composed = compose_runs(points)  # one grid: each distinct set of group choices composed once
+    for case, overrides, cfg in zip(cases, points, composed):
+        assert run_id(cfg) == case["run_id"], overrides
+        assert run_id(case["config"]) == case["run_id"]
     stored = next(c["config"] for c in cases if c["config"]["family"]["name"] == "lidas")
     assert run_id(load_run_config(stored)) == run_id(stored)
 
