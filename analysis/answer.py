@@ -205,7 +205,8 @@ def claims_section(analysis: Analysis) -> list[str]:
         table += [[f"{spec.claim} ({spec.label})" if i == 0 else "", *row] for i, row in enumerate(rows)]
     lines = ["## Claims of the paper", ""]
     if not table:
-        return lines + ["None of the paper's claims was measured: no finished run recorded a metric that declares one."]
+        return lines + ["None of the paper's claims was measured: no finished run recorded a metric that declares one.",
+                        *_unmeasured_claims(analysis)]
     compared = analysis.comparisons[analysis.comparisons["metric"].isin([m for m in analysis.metric_specs
                                                                           if analysis.spec_of(m).claim])]
     early = [EARLY_MEANING] if compared["winners_curse"].astype(bool).any() else []
@@ -216,7 +217,22 @@ def claims_section(analysis: Analysis) -> list[str]:
                     " the metric's own units.", "",
                     *md_table(["claim", "comparison", "verdict (look, level, correction family)",
                                f"{IMPROVEMENT}, seeds", RAW, "paper, one seed"], table),
-                    *(["", *early] if early else [])]
+                    *(["", *early] if early else []), *_unmeasured_claims(analysis)]
+
+
+def _unmeasured_claims(analysis: Analysis) -> list[str]:
+    """The claims the jobs can measure (`Analysis.claims`) that no finished run of the sweep
+    recorded, each with the paper's figure and what measuring it takes."""
+    measured = set(analysis.values["metric"])
+    lines = []
+    for metric, spec in sorted(analysis.claims.items()):
+        if metric in measured:
+            continue
+        at = f" at {spec.paper_at}" if spec.paper_at else ""
+        paper = f"; the paper, one seed: {', '.join(f'{f} {num(v)}' for f, v in spec.paper)}{at}" if spec.paper else ""
+        takes = spec.measured_with or f"an evaluation that records {metric}"
+        lines.append(f"- {spec.claim} ({spec.label}{paper}): takes {takes}.")
+    return ["", "Not measured by this sweep:", "", *lines] if lines else []
 
 
 def _metric_rank(analysis: Analysis) -> Callable[[str], tuple[int, str]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.load import JOB_SECONDS, RunFileReader, Selection, load_paper_flops, load_sweep
+from analysis.load import JOB_SECONDS, RunFileReader, Selection, load_claims, load_paper_flops, load_sweep
 from analysis.sequential import DECIDING_COLUMNS, FINAL, comparison_key, rule_decisions
 from analysis.stats import (BETTER, EQUIVALENT_VERDICTS, N_BOOT, NEGLIGIBLE, WORSE, cell_keys, compare, seed_sources,
                             summarize)
@@ -58,6 +58,7 @@ class Analysis:
     metric_specs: dict[str, MetricSpec]
     curve_specs: dict[str, CurveSpec]
     paper_flops: pd.DataFrame  # the paper-scale FLOPs table the orchestrator stored
+    claims: dict[str, MetricSpec]  # every claim the jobs can measure (`load_claims`), measured here or not
     missing: pd.DataFrame  # finished runs without a finite value of a metric their cell records (`missing_values`)
     # Per cell whose runs cross init and data seeds, their variance split by source (`seed_sources`)
     seed_sources: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -121,6 +122,7 @@ def analyse(store_root: str | Path, sweep: str, options: AnalysisOptions | None 
         options=options, keys=tuple(keys), history=selection.history(),
         curves={name: selection.curves(name) for name, c in curve_specs.items() if c.kind != "data"},
         metric_specs=metric_specs, curve_specs=curve_specs, paper_flops=load_paper_flops(store_root, sweep),
+        claims=load_claims(store_root, sweep),
         missing=missing_values(selection.done_runs(), values, keys), seed_sources=seed_sources(values, keys))
 
 

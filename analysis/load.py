@@ -444,6 +444,13 @@ def load_specs(store_root: str | Path, sweep: str | None = None) -> tuple[dict[s
     return results.metric_specs, results.curve_specs
 
 
+def load_claims(store_root: str | Path, sweep: str) -> dict[str, MetricSpec]:
+    """The metric specs of every claim the jobs can measure, as the orchestrator stored them with the
+    sweep; empty when it has not written them."""
+    records = read_json(Layout(store_root).sweep(sweep).claims) or {}
+    return {metric: MetricSpec.from_record(record) for metric, record in records.items()}
+
+
 def load_paper_flops(store_root: str | Path, sweep: str) -> pd.DataFrame:
     """The paper-scale FLOPs table the orchestrator stored with the sweep (size, layers, block,
     steps, ratio = LIDAS / dense training FLOPs); empty when it has not written one."""

@@ -141,7 +141,8 @@ def forest(comparisons: pd.DataFrame, families: Sequence[str], baseline: str) ->
     if hierarchical:
         legend.append(Line2D([], [], color="0.3", linewidth=1, label="hierarchical bootstrap interval"))
     legend.append(Patch(color="0.88", label="\u00b1delta_min (equivalence margin)"))
-    figure.legend(handles=legend, loc="outside lower center", ncols=3)
+    # three columns fit under two panels or more; under one (a sweep of one primary metric), two
+    figure.legend(handles=legend, loc="outside lower center", ncols=3 if len(labels) > 1 else 2)
     return figure
 
 

@@ -180,7 +180,11 @@ MISSING_LISTED = 20  # run ids named per cell in the report's lines on missing v
 def missing_text(row: pd.Series, keys: tuple[str, ...]) -> str:
     """A cell's runs without a value of its metric (a row of `analysis.compute.missing_values`), as in
     "lidas at tiny: 2 of 8 seeds have no induction_max: run ids abc123 (seed 3, NaN), def456 (seed 5,
-    not recorded)"; the first MISSING_LISTED are named."""
+    not recorded)"; the first MISSING_LISTED are named. A family none of whose runs recorded it
+    (metrics of grown models, say, in a dense family) gets one short line without the run ids."""
+    if row["n_missing"] == row["n_runs"] and not any(row["nan"]):
+        return (f"{row['family']} at {where(row, keys)}: none of its {row['n_runs']} seeds records"
+                f" {row['metric']} (not a metric of this family, or its evaluation did not run)")
     named = [f"{run} (seed {text(seed)}, {'NaN' if nan else 'not recorded'})"
              for run, seed, nan in list(zip(row["run_ids"], row["seeds"], row["nan"]))[:MISSING_LISTED]]
     more = row["n_missing"] - len(named)

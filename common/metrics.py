@@ -42,6 +42,8 @@ class MetricSpec:
         family formed it, so that no one reads mechanistic numbers from models that have none.
     section: the report section it is shown in: the title of the job that records it, filled in
         by the Job it is declared with (jobs/contract.py), not declared.
+    measured_with: what measuring its claim takes, for the report's line on the claims a sweep did
+        not measure (a claim beyond the CPU sizes says so there).
     step: the training step of a metric declared as a per-step template (a name with `STEP`), filled
         in from its name (`at_step`), not declared. Per-step metrics are descriptive values for the
         results tables; the report draws them as curves over training rather than a section each.
@@ -63,6 +65,7 @@ class MetricSpec:
     mechanism: str = ""
     present_at: Optional[float] = None
     section: str = ""
+    measured_with: str = ""
     step: Optional[int] = None
 
     def at_step(self, step: int) -> MetricSpec:

@@ -58,3 +58,10 @@ def headline(data_kind: str) -> str | None:
     """The headline metric of a data kind, as the jobs declare it (e.g. regbench_tvd)."""
     jobs = [TRAIN, *(ev for _, ev in EVALUATIONS.items())]
     return next((name for job in jobs for name, spec in job.metrics.items() if data_kind in spec.headline_for), None)
+
+
+def claims() -> dict[str, MetricSpec]:
+    """Every metric, of every job, that declares one of the paper's claims: the report names those
+    a sweep did not measure."""
+    jobs = [TRAIN, *(evaluation for _, evaluation in EVALUATIONS.items())]
+    return {name: spec for job in jobs for name, spec in job.metrics.items() if spec.claim}

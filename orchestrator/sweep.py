@@ -35,7 +35,7 @@ from jobs.backends import backend_of
 from jobs.environment import capability_env, restart_with
 from jobs.evals import EVALUATIONS
 from jobs.flops import flop_ratio
-from jobs.registry import recording_jobs
+from jobs.registry import claims, recording_jobs
 from orchestrator import grid, preflight, tracking
 from orchestrator.config import RunConfig, compose_run, hydra_session, load_run_config
 from orchestrator.executors import Executor, executor_of, recorded_executor
@@ -326,6 +326,7 @@ def report(store: Store, name: str, console: Console, tracker: Optional[TrackerC
                       f"reported as recorded; run the sweep again (the same command) to evaluate them anew on "
                       f"the existing checkpoints (nothing retrains)", markup=False, soft_wrap=True)
     _write_paper_flops(store, name)
+    store.write_claims(name, {metric: spec.to_record() for metric, spec in claims().items()})
     result = analysis.analyse(store.root, name,
                               read=None if upgraded else lambda rid, file: inspected[rid][1][file])
     path = analysis.save_report(result, store.root)

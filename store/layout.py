@@ -14,6 +14,7 @@
     <root>/sweeps/<name>/sweep.yaml          the sweep's manifest
     <root>/sweeps/<name>/configs/            each invocation's run configs, one file
     <root>/sweeps/<name>/paper_flops.json    the paper-scale FLOPs table of the report
+    <root>/sweeps/<name>/claims.json         the metric specs of every claim the jobs can measure
     <root>/sweeps/<name>/.lock               held while sweep.yaml is changed
     <root>/index/                            every run's latest status (store/index.py)
 
@@ -108,6 +109,10 @@ class SweepPaths:
     @property
     def paper_flops(self) -> str:
         return self.dir + "/paper_flops.json"
+
+    @property
+    def claims(self) -> str:
+        return self.dir + "/claims.json"
 
     @property
     def lock(self) -> str:

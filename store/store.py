@@ -446,6 +446,11 @@ class Store:
         """The paper-scale FLOPs table of the sweep's report (the orchestrator computes it)."""
         write_json(self.layout.sweep(name).paper_flops, rows)
 
+    def write_claims(self, name: str, specs: dict[str, dict[str, Any]]) -> None:
+        """The metric specs (records) of every claim the jobs can measure, for the report's line on
+        those the sweep did not measure (the orchestrator knows the jobs; the analysis does not)."""
+        write_json(self.layout.sweep(name).claims, specs)
+
 
 @contextlib.contextmanager
 def _flock(path: str, wait: bool) -> Iterator[bool]:

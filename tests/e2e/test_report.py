@@ -24,7 +24,7 @@ from analysis.markdown import render_markdown
 from analysis.figures import draw
 from analysis.text import EARLY_MEANING, IMPROVEMENT, RAW
 from jobs.evals import EVALUATIONS
-from jobs.registry import TRAIN
+from jobs.registry import TRAIN, claims
 
 DECIDED = "verdict (look, level, correction family)"  # the verdict column of the claims and comparison tables
 NGRAMS = {"ngram1_tvd": 0.42, "ngram2_tvd": 0.20, "ngram3_tvd": 0.15}
@@ -397,6 +397,28 @@ def test_the_headline_says_whether_the_models_formed_induction_heads(tmp_path, s
     assert [line for line in headline if "induction heads" in line] == [expected]
 
 
+def test_claims_the_sweep_did_not_measure_are_named_with_what_they_take(tmp_path):
+    """The orchestrator stores every claim the jobs can measure (claims.json); the report's claims
+    section names each one no finished run recorded (GSM8K on RegBench data) with the paper's figure
+    and what measuring it takes, and leaves out those it measured."""
+    root = new_store(tmp_path / "store")
+    run_ids = []
+    for family in ("dense", "lidas"):
+        for seed in range(3):
+            run_ids.append(f"{family}-{seed}")
+            write_run(root, run_ids[-1], family, "tiny", seed, {"regbench_tvd": 0.3 - 0.01 * seed, **NGRAMS})
+    write_sweep(root, "demo", run_ids, "2025-01-01T00:00:00", [])
+    (root / "sweeps" / "demo" / "claims.json").write_text(
+        json.dumps({metric: spec.to_record() for metric, spec in claims().items()}))
+    section = render_markdown(analyse(root, "demo"), figures=[]).split("Not measured by this sweep:", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    gsm8k = claims()["gsm8k_em_strict"]
+    assert (f"- {gsm8k.claim} ({gsm8k.label}; the paper, one seed: lidas 0.19, dense 0.12 at 3B): takes"
+            f" {gsm8k.measured_with}.") in section.splitlines()
+    assert "cannot test" in gsm8k.measured_with
+    assert claims()["regbench_tvd"].claim not in section  # measured: in the table, not here
+
+
 def test_missing_and_nan_values_are_counted_and_named(tmp_path):
     """Runs whose metric is NaN or not recorded are never dropped silently: each cell names them by run
     id (and seed, and which of the two) in its metric's section, and in the headline when the metric is
@@ -417,6 +439,8 @@ def test_missing_and_nan_values_are_counted_and_named(tmp_path):
             if family == "dense" and seed == 2:
                 metrics["regbench_tvd"] = float("nan")
                 metrics["regbench_acc"] = None
+            if lidas:
+                metrics["layer_divergence_weight"] = 0.1 + 0.01 * seed  # a grown model's metric only
             write_run(root, run_ids[-1], family, "tiny", seed, metrics)
     write_sweep(root, "gaps", run_ids, "2025-01-01T00:00:00", [])
     analysis = analyse(root, "gaps")
@@ -433,12 +457,16 @@ def test_missing_and_nan_values_are_counted_and_named(tmp_path):
         title = f"({'`' if metric != 'regbench_acc' else '<code>'}{metric}"
         block = report.split(title, 1)[1].split("against dense", 1)[0]  # the metric's cells, before its comparisons
         assert line in block.splitlines(), (metric, block)
+    # a family that records none of a metric gets one line, not every run id
+    assert ("- dense at tiny: none of its 4 seeds records layer_divergence_weight (not a metric of this family,"
+            " or its evaluation did not run).") in report.splitlines()
     cells = analysis.cells.set_index(["family", "metric"])
     assert cells.loc[("lidas", "induction_max"), "n_seeds"] == 2
     assert cells.loc[("dense", "regbench_tvd"), "n_seeds"] == 3
     comparisons = analysis.comparisons.set_index("metric")
     assert comparisons.loc["induction_max", "n_pairs"] == 2 and comparisons.loc["regbench_tvd", "n_pairs"] == 3
-    assert analysis.missing["n_missing"].sum() == 4  # and nothing else: every other value is finite
+    gaps = analysis.missing[analysis.missing["metric"] != "layer_divergence_weight"]
+    assert gaps["n_missing"].sum() == 4  # and nothing else: every other value is finite
 
 
 def test_no_missing_values_no_lines(store):
