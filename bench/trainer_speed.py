@@ -173,7 +173,7 @@ def profile_step(size: str, threads: int, steps: int = 5) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = build_model(cfg.family, cfg.model)
-    stream = cfg.data.train_stream(0, cfg.train.batch_size)
+    stream = train_stream(cfg.data, 0, cfg.train.batch_size)
     data_s = statistics.median(_timed(lambda step=step: stream.batch(step)) for step in range(20))
     table = Table(title=f"where a step's time goes, size={size}, {threads} thread(s), torch.profiler self CPU time")
     variants = {"ours": (lambda m, o, i, t, c: train_step(m, o, i, t, c), build_optimizer(model, cfg.train)),
