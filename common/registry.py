@@ -40,14 +40,17 @@ class Registry(Generic[T]):
         return add
 
     def _discover(self) -> None:
+        """Import the package's modules and the plugins, once all of them imported: a module that
+        fails to import fails every lookup with its error, never leaves a registry that lacks it
+        (a long-lived worker whose code changed under it would otherwise say "no such ...")."""
         if self._discovered:
             return
-        self._discovered = True
         package = importlib.import_module(self.package)  # a package: each of its modules too
         for module in pkgutil.iter_modules(getattr(package, "__path__", [])):
             importlib.import_module(f"{self.package}.{module.name}")
         for plugin in filter(None, os.environ.get(PLUGINS_ENV, "").split(",")):
             importlib.import_module(plugin.strip())
+        self._discovered = True
 
     def names(self) -> list[str]:
         self._discover()

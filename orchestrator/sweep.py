@@ -218,14 +218,21 @@ class Sweep:
         failed = False
         with self.executor.session():
             while True:
-                failed |= FAILED in self._execute(runs).statuses.values()
+                if FAILED in self._execute(runs).statuses.values():
+                    # a look decides on all of its seeds: with some failed it is not taken, and
+                    # the same command, once they can run, takes it on the same seeds
+                    failed = True
+                    self.console.print(f"look {len(plans) + 1} not taken: runs of its seeds failed (their errors:"
+                                       f" `status {self.name}`); the same command runs them again and takes it",
+                                       markup=False, soft_wrap=True)
+                    break
                 decision = next_seeds(
                     analysis.load(self.store.root, self.name), looks=a.schedule, alpha=a.alpha,
                     delta_min=a.delta_min, baseline=a.baseline, primary_metrics=(a.metric,),
                     settled=settled_verdicts(plans))
                 plans.append(decision.to_record())
                 self._record_look(decision, plans[-1])
-                if decision.decision != "continue" or decision.n_more <= 0:
+                if decision.decision != "continue" or decision.n_more <= 0 or not decision.open_arms:
                     break
                 for key, c in arms.items():
                     if decision.needs_seeds(c.family.name, c.model.name, _cell(c, decision.cell_keys)):

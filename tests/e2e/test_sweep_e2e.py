@@ -162,6 +162,24 @@ def test_adaptive_sweep_runs_declared_looks_and_records_each(tmp_path):
     assert cells["ci_level"].astype(float).round(6).eq(round(1 - 0.05 / 3, 6)).all()
 
 
+def test_an_adaptive_look_whose_runs_fail_is_not_taken_and_the_sweep_ends(tmp_path):
+    """Runs that fail at every attempt (a loss that overflows) leave a look without its seeds: the
+    sweep says the look was not taken and ends (exit 1) instead of planning the same runs again,
+    records no look, and each run was tried once (its error is deterministic)."""
+    root = tmp_path / "store"
+    done = sweep(root, "size=micro", "family=lidas,dense", "train.lr=1e30", "adaptive.metric=regbench_tvd",
+                 "adaptive.max_seeds=3", "adaptive.looks=[2,3]", "eval.jobs=[regbench]", "tracker=none",
+                 "cluster.num_cpus=2", name="failing")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count("look 1 not taken: runs of its seeds failed") == 1, done.stdout
+    spec = yaml.safe_load((root / "sweeps" / "failing" / "sweep.yaml").read_text())
+    assert not spec.get("looks")
+    assert len(spec["run_ids"]) == 4
+    for run in spec["run_ids"]:
+        state = json.loads((root / "runs" / run / "state.json").read_text())
+        assert state["status"] == "failed" and state["jobs"]["train"]["attempts"] == 1
+
+
 def test_a_done_run_keeps_its_final_weights_and_a_newly_listed_evaluation_runs_on_them(tmp_path):
     """store.keep_checkpoints=final_weights (the default): once every job of a run is done, one
     checkpoint is left, without optimizer state; an evaluation listed later still runs on it,
