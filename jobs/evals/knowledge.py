@@ -39,6 +39,8 @@ METRICS = {
     "knowledge_acc": MetricSpec("closed-book recall of facts seen in training (exact-match accuracy)",
                                 higher_is_better=True, confirmatory_for=("regbench",),
                                 claim="looped models recall fewer facts stored in the weights",
+                                measured_with="facts in the training data (data.facts; the preset"
+                                " experiment=knowledge) and the knowledge evaluation",
                                 references=("knowledge_chance",)),
     "knowledge_logprob": MetricSpec("mean log-probability of a fact's value given its key (nats)",
                                     higher_is_better=True),
