@@ -426,7 +426,8 @@ def load_items(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame
 
 def load_history(store_root: str | Path, sweep: str | None = None) -> pd.DataFrame:
     """The training logs of the finished runs, one row per run x logged step: run_id,
-    family, size, seed, then the log's columns (step, loss, lr, tokens, flops, n_layers)."""
+    family, size, seed, then the log's columns (step, loss, lr, tokens, flops, n_layers), and
+    curriculum_end (the step its data curriculum ended, NaN without one)."""
     return Selection(store_root, sweep).history()
 
 
@@ -447,7 +448,8 @@ def load_specs(store_root: str | Path, sweep: str | None = None) -> tuple[dict[s
 def load_claims(store_root: str | Path, sweep: str) -> dict[str, MetricSpec]:
     """The metric specs of every claim the jobs can measure, as the orchestrator stored them with the
     sweep; empty when it has not written them."""
-    records = read_json(Layout(store_root).sweep(sweep).claims) or {}
+    path = Layout(store_root).sweep(sweep).claims
+    records = (read_json(path) if os.path.isfile(path) else None) or {}
     return {metric: MetricSpec.from_record(record) for metric, record in records.items()}
 
 

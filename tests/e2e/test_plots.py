@@ -225,7 +225,8 @@ def test_history_and_curves_load_as_tidy_frames(tmp_path):
     (root / "runs" / "dense-tiny-0" / "history.parquet").unlink()
     history_table = load_history(root, SWEEP)
     assert list(history_table.columns) == ["run_id", "family", "size", "seed", "step", "loss", "lr", "tokens",
-                                           "flops", "n_layers"]
+                                           "flops", "n_layers", "curriculum_end"]
+    assert history_table["curriculum_end"].isna().all()  # these runs had no data curriculum
     assert len(history_table) == 10 * 17 and "dense-tiny-0" not in set(history_table["run_id"])
     curve = load_curves(root, SWEEP)
     assert list(curve.columns[:5]) == ["run_id", "family", "size", "seed", "n_context_strings"]

@@ -521,7 +521,7 @@ def test_html_is_self_contained_with_every_plot_embedded(store):
     text = without_images(page)
     assert "http" not in text and "<link" not in text and "<script" not in text and "src=\"plots" not in text
     linked = re.findall(r"!\[[^\]]*\]\((plots/[^)]+\.png)\)", report)
-    embedded = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="[^"]*" />', page)
+    embedded = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="[^"]*" width="\d+" />', page)
     assert len(linked) == len(embedded) == 4  # no history.parquet in this store: no loss curves
     assert [base64.b64decode(data) for data in embedded] == [(path.parent / link).read_bytes() for link in linked]
 
