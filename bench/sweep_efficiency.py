@@ -99,7 +99,7 @@ def _execute_free(job: str, run_id: str, store_root: str, cfg: object, *after: o
     return "done", {"jobs": {job: {"status": "done"}}}
 
 
-def _execute_runs_free(store_root: str, runs: list) -> list[dict]:
+def _execute_runs_free(store_root: str, runs: list, sweep: str | None = None) -> list[dict]:
     """Stands in for orchestrator.worker.execute_runs (a batch of short runs), likewise."""
     return [{"jobs": {job: {"status": "done"} for job in todo}} for _, _, todo, _ in runs]
 
