@@ -101,7 +101,7 @@ def _cost_section(analysis: Analysis) -> str:
 
 def _curriculum_text(history: pd.DataFrame) -> str:
     """The loss caption's words for the dotted line, where a run had a data curriculum."""
-    if "curriculum_end" not in history.columns or history["curriculum_end"].isna().all():
+    if not plots.has_curriculum(history):
         return ""
     return ("; dotted line: where the data curriculum (data.warmup) hands over to the regime (on the"
             " FLOPs axis one per family), where the loss jumps because the data changes")

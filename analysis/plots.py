@@ -319,11 +319,15 @@ def loss_curves(history: pd.DataFrame, families: Sequence[str]) -> Figure | None
     handles += [Patch(color="0.5", alpha=0.25, label=f"band: {BAND}"),
                 Line2D([], [], marker="^", color="0.5", markeredgecolor="black", linestyle="",
                        label="depth grown (layers added)")]
-    if history.get("curriculum_end", pd.Series(dtype=float)).notna().any():
+    if has_curriculum(history):
         handles.append(Line2D([], [], color="0.35", linestyle=":", label="data curriculum ends"))
     figure.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4))
     return figure
 
+
+def has_curriculum(history: pd.DataFrame) -> bool:
+    """Whether any run of the training logs had a data curriculum (a `curriculum_end` step)."""
+    return "curriculum_end" in history.columns and bool(history["curriculum_end"].notna().any())
 
 
 def _curriculum_end(runs: pd.DataFrame, steps: pd.Series) -> int | None:

@@ -54,14 +54,18 @@ def catalog() -> dict[str, frozenset[str]]:
     return {"train": TRAIN.outcomes(), **{name: ev.outcomes() for name, ev in EVALUATIONS.items()}}
 
 
+def _declared_metrics() -> list[tuple[str, MetricSpec]]:
+    """(name, spec) of every metric every job declares: train's, then each evaluation's."""
+    jobs = [TRAIN, *(ev for _, ev in EVALUATIONS.items())]
+    return [(name, spec) for job in jobs for name, spec in job.metrics.items()]
+
+
 def headline(data_kind: str) -> str | None:
     """The headline metric of a data kind, as the jobs declare it (e.g. regbench_tvd)."""
-    jobs = [TRAIN, *(ev for _, ev in EVALUATIONS.items())]
-    return next((name for job in jobs for name, spec in job.metrics.items() if data_kind in spec.headline_for), None)
+    return next((name for name, spec in _declared_metrics() if data_kind in spec.headline_for), None)
 
 
 def claims() -> dict[str, MetricSpec]:
     """Every metric, of every job, that declares one of the paper's claims: the report names those
     a sweep did not measure."""
-    jobs = [TRAIN, *(evaluation for _, evaluation in EVALUATIONS.items())]
-    return {name: spec for job in jobs for name, spec in job.metrics.items() if spec.claim}
+    return {name: spec for name, spec in _declared_metrics() if spec.claim}
