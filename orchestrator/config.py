@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import os
 import re
 from contextlib import AbstractContextManager
@@ -75,9 +76,35 @@ def compose_runs(points: list[list[str]]) -> list[RunConfig]:
     return [grid.compose(overrides) for overrides in points]
 
 
+# Typed compositions by (digest of the config sources, group choices). Composing is a pure function
+# of the two, and Hydra takes ~0.2 s for it: a process that plans again (the next look of an adaptive
+# sweep, a report, a notebook, the tests) reuses them while conf/ is unchanged.
+_BASES: dict[tuple[str, tuple[str, ...]], DictConfig] = {}
+BASES_KEPT = 64
+
+
+def sources_digest() -> str:
+    """A digest of the current Hydra session's config sources: the path and bytes of every file of
+    each directory source (conf/), the path of each package source (installed code)."""
+    digest = hashlib.sha256()
+    for source in GlobalHydra.instance().config_loader().get_sources():
+        digest.update(f"{source.scheme()}://{source.path}\0".encode())
+        if source.scheme() == "file":
+            root = Path(source.path)
+            for path in sorted(p for p in root.rglob("*") if p.is_file()):
+                digest.update(f"{path.relative_to(root)}\0".encode() + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _typed_as_registered(node: DictConfig) -> bool:
+    """Whether each section of a typed composition still has the class the registries give it
+    (a plugin registered since would change it)."""
+    return all(OmegaConf.get_type(node[key]) is cls for key, cls in RunConfig.section_types(node).items())
+
+
 class _Grid:
-    """The composition caches of one grid: parsed overrides, composed group choices, and the
-    seed-free part of each point."""
+    """The composition caches of one grid: parsed overrides and the seed-free part of each point
+    (the typed compositions of group choices are kept across grids, `_BASES`)."""
 
     def __init__(self) -> None:
         loader = GlobalHydra.instance().config_loader()
@@ -85,7 +112,7 @@ class _Grid:
         assert isinstance(loader, ConfigLoaderImpl), f"Hydra's config loader is a {type(loader).__name__}"
         self.loader = loader
         self.parser = OverridesParser.create(config_loader=self.loader)
-        self.bases: dict[tuple[str, ...], DictConfig] = {}
+        self.sources = sources_digest()
         self.parsed: dict[str, Override] = {}
         self.seeded: dict[tuple[str, ...], Optional[RunConfig]] = {}  # None: the seed is interpolated
 
@@ -113,9 +140,12 @@ class _Grid:
         is_value = [not whole and _is_value_override(o, self.loader.repository) for o in parsed]
         values = [o for o, v in zip(parsed, is_value) if v]
         choices = tuple(_input_line(o) for o, v in zip(parsed, is_value) if not v)
-        if choices not in self.bases:
-            self.bases[choices] = _typed(_composed(list(choices), overrides))
-        node = copy.deepcopy(self.bases[choices])
+        key = (self.sources, choices)
+        if key not in _BASES or not _typed_as_registered(_BASES[key]):
+            _BASES[key] = _typed(_composed(list(choices), overrides))
+            while len(_BASES) > BASES_KEPT:
+                del _BASES[next(iter(_BASES))]  # the oldest
+        node = copy.deepcopy(_BASES[key])
         apply_value_overrides(node, values)
         return node
 

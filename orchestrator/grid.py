@@ -66,13 +66,27 @@ def _refuse_foreign_habits(cli_overrides: list[str]) -> None:
                               f"(store.root=<dir> chooses where files go)")
 
 
+# hydra.sweeper.params by digest of the config sources: reading it composes Hydra's own config too
+# (~0.3 s), once per conf/ content in a process.
+_DEFAULT_GRIDS: dict[str, dict[str, str]] = {}
+
+
+def default_grid() -> dict[str, str]:
+    """The default grid of conf/ (`hydra.sweeper.params`): key -> Hydra sweep string."""
+    sources = config.sources_digest()
+    if sources not in _DEFAULT_GRIDS:
+        try:
+            params = compose("config", return_hydra_config=True).hydra.sweeper.params or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(yaml_message(e)) from None
+        _DEFAULT_GRIDS[sources] = {str(k): str(v) for k, v in params.items()}
+    return dict(_DEFAULT_GRIDS[sources])
+
+
 def axes(cli_overrides: list[str]) -> dict[str, list[str]]:
     """key -> list of `key=value` strings, default grid first, command line replacing it."""
     _refuse_foreign_habits(cli_overrides)
-    try:
-        default = compose("config", return_hydra_config=True).hydra.sweeper.params or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(yaml_message(e)) from None
+    default = default_grid()
     merged: dict[str, list[str]] = {}
     groups = {p.name for p in config.CONF_DIR.iterdir() if p.is_dir()}
     given = _parse(cli_overrides)

@@ -25,6 +25,7 @@ from jobs.backends import BACKENDS
 from jobs.data import STREAMS
 from jobs.evals import EVALUATIONS
 from jobs.families import FAMILIES, family_of
+import orchestrator.config
 from orchestrator import grid
 from orchestrator.config import (CONF_DIR, ConfigError, RunConfig, apply_value_overrides, compose_run, compose_runs,
                                  hydra_session, load_run_config, typed_run)
@@ -80,6 +81,29 @@ def test_a_grid_composes_as_hydra_composes_each_point_on_its_own():
         for p in points:
             alone = typed_run(compose("config", overrides=list(p.overrides)))
             assert p.config == alone, p.overrides
+
+
+def test_a_composition_is_reused_until_a_config_file_changes(tmp_path, monkeypatch):
+    """Grids of one process share the typed composition of each set of group choices; a changed
+    byte anywhere in conf/ (same size, same instant) composes again."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    composed = []
+    hydra_compose = orchestrator.config.compose
+    monkeypatch.setattr(orchestrator.config, "compose",
+                        lambda *a, **k: composed.append(k["overrides"]) or hydra_compose(*a, **k))
+    point = ["size=micro", "family=dense", "seed=0", "train.lr=0.003"]
+    for lr in ("0.003", "0.004"):
+        with hydra_session(conf):
+            assert compose_run([*point[:3], f"train.lr={lr}"]).train.lr == float(lr)
+    assert composed == [["size=micro", "family=dense"]]
+    micro = conf / "size" / "micro.yaml"
+    steps = int(re.search(r"\n  steps: (\d+)\n", micro.read_text()).group(1))  # type: ignore[union-attr]
+    other = steps + 1 if len(str(steps + 1)) == len(str(steps)) else steps - 1  # a file of the same size
+    micro.write_text(micro.read_text().replace(f"\n  steps: {steps}\n", f"\n  steps: {other}\n"))
+    with hydra_session(conf):
+        assert compose_run(point).train.steps == other
+    assert len(composed) == 2
 
 
 def test_group_choices_and_derived_family_values():
