@@ -43,7 +43,7 @@ from jobs.data import train_stream
 from jobs.families import build_model  # noqa: E402
 from jobs.flops import flop_ratio, flops_per_token  # noqa: E402
 import jobs.model  # noqa: E402
-from jobs.model import ModelConfig, rotate  # noqa: E402
+from jobs.model import ModelConfig  # noqa: E402
 from jobs.optim import build_optimizer  # noqa: E402
 from jobs.train import train, train_step  # noqa: E402
 from orchestrator.config import compose_run, hydra_session  # noqa: E402
@@ -102,22 +102,29 @@ def plain_step(model, optimizer, inputs, targets, grad_clip: float) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+def rotate_pairs_in_reals(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """jobs.model.rotate_pairs as Llama's rotation computes it: four real products, a sum and a
+    difference, and a stack, each differentiated by autograd."""
+    even, odd, cos, sin = x[..., 0::2], x[..., 1::2], freqs.real, freqs.imag
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
 @contextlib.contextmanager
 def autograd_norm_and_rotation():
-    """Our model with autograd's composite RMSNorm and rotation (torch.nn.RMSNorm, jobs.model.rotate):
-    what the hand-written backward passes of jobs/model.py replace."""
-    own_forward = jobs.model.RMSNorm.forward
+    """Our model with autograd's composite RMSNorm (torch.nn.RMSNorm) and the rotation in real
+    products: what the hand-written backward and the complex rotation of jobs/model.py replace."""
+    own_forward, own_rotation = jobs.model.RMSNorm.forward, jobs.model.rotate_pairs
     jobs.model.RMSNorm.forward = torch.nn.RMSNorm.forward  # type: ignore[method-assign]
-    jobs.model._Rope.apply = staticmethod(rotate)  # type: ignore[method-assign, assignment]
+    jobs.model.rotate_pairs = rotate_pairs_in_reals
     try:
         yield
     finally:
         jobs.model.RMSNorm.forward = own_forward  # type: ignore[method-assign]
-        del jobs.model._Rope.apply  # back to autograd.Function's
+        jobs.model.rotate_pairs = own_rotation
 
 
 def composite_step(model, optimizer, inputs, targets, grad_clip: float) -> None:
-    """Our step with autograd's backward for RMSNorm and the rotation."""
+    """Our step with autograd's RMSNorm and the rotation in real products."""
     with autograd_norm_and_rotation():
         train_step(model, optimizer, inputs, targets, grad_clip)
 
@@ -236,7 +243,7 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
     for col in ("trainer", "median step", "tokens/s", "ratio to HF (eager / compiled alike)"):
         table.add_column(col, justify="right")
     labels = {"HF": "HF LlamaForCausalLM (sdpa), Trainer's step", "ours": "ours (jobs/model.py, jobs/train.py)",
-              "ours, autograd's RMSNorm and rotation": "ours, autograd's backward for RMSNorm and RoPE",
+              "ours, autograd's RMSNorm and rotation": "ours, autograd's RMSNorm, RoPE in real products",
               "ours, per-tensor clip": "ours, clip_grad_norm_ per tensor",
               "ours, per-tensor clip, per-parameter AdamW": "ours, per-tensor clip, per-parameter AdamW",
               "HF, compiled": "HF, torch.compile",

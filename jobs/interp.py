@@ -14,16 +14,14 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from jobs.model import Attention, Block, Decoder, apply_rope
+from jobs.model import Attention, Block, Decoder
 
 
 def pattern(attn: Attention, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(hd)) with the causal mask, [B, n_heads, T, T], recomputed from the
-    module's own projections and rope tables; each query head uses its grouped key head (GQA)."""
-    batch, seq, _ = x.shape
-    q = attn.q_proj(x).view(batch, seq, attn.n_heads, attn.head_dim).transpose(1, 2)
-    k = attn.k_proj(x).view(batch, seq, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    """softmax(q k^T / sqrt(hd)) with the causal mask, [B, n_heads, T, T], recomputed with the
+    module's own projection; each query head uses its grouped key head (GQA)."""
+    seq = x.shape[1]
+    q, k, _ = attn.project(x, cos, sin)
     k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim)
     future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)

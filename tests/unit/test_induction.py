@@ -16,9 +16,9 @@ from jobs.evals.induction import (ancestor_heads, ancestry, ancestry_floor, conc
                                   even_attention_score, head_table, in_distribution_sequences, most_concentrated,
                                   repeated_sequences, score)
 from jobs.families import family_of
-from test_model import micro_cfg
+from test_model import micro_cfg, rotate_halves
 from jobs.interp import attention_patterns, induction_scores, induction_targets
-from jobs.model import Decoder, ModelConfig, apply_rope
+from jobs.model import Decoder, ModelConfig
 
 MODEL = ModelConfig(name="test", d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=32, vocab_size=20,
                     max_seq_len=32, rope_theta=10000.0, norm_eps=1e-5, init_std=0.3, block_size=1,
@@ -53,8 +53,8 @@ def test_hooked_patterns_reproduce_the_attention_output_per_application():
     model(tokens)
     attn, (x, cos, sin, *_) = outputs[1]  # layer 1's second application = plan step 2
     v = attn.v_proj(x).view(2, 14, 2, 4).transpose(1, 2).repeat_interleave(2, dim=1)
-    q = apply_rope(attn.q_proj(x).view(2, 14, 4, 4).transpose(1, 2), cos, sin)
-    k = apply_rope(attn.k_proj(x).view(2, 14, 2, 4).transpose(1, 2), cos, sin)
+    q = rotate_halves(attn.q_proj(x).view(2, 14, 4, 4).transpose(1, 2), cos, sin)
+    k = rotate_halves(attn.k_proj(x).view(2, 14, 2, 4).transpose(1, 2), cos, sin)
     torch.testing.assert_close(patterns[2] @ v, attn.attend(q, k, attn.v_proj(x).view(2, 14, 2, 4).transpose(1, 2)))
     table = head_table(model, tokens)
     assert table["iteration"].tolist()[::4] == [0, 0, 1, 1] and table["layer"].tolist()[::4] == [0, 1, 1, 0]

@@ -14,7 +14,7 @@ from config.resources import TrainResources
 from config.train import TrainConfig
 from jobs.families import Stage, build_model, family_of
 from jobs.flops import flop_ratio, flops_per_token, schedule_flops
-from jobs.model import Decoder, RMSNorm, apply_rope, rope_tables, rotate
+from jobs.model import Decoder, RMSNorm, rope_pairs, rope_tables, rotate_pairs
 from jobs.optim import build_optimizer
 
 
@@ -102,16 +102,14 @@ def test_grouped_query_attention_matches_repeated_kv_heads():
     torch.testing.assert_close(attn.attend(q, k, v), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_hand_written_backward_passes_are_the_gradients_of_their_forward():
-    """RMSNorm's and the rotation's backward passes (jobs/model.py) against numerical gradients in
-    float64, and against autograd's own composite in float32 on the shapes of a step."""
+def test_the_hand_written_rms_norm_backward_is_the_gradient_of_its_forward():
+    """RMSNorm's backward pass (jobs/model.py) against numerical gradients in float64, and against
+    autograd's own composite in float32 on the shapes of a step."""
     x64 = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
     norm64 = RMSNorm(8, eps=1e-5).double()
     with torch.no_grad():
         norm64.weight.uniform_(0.5, 1.5)
-    cos, sin = (table.double()[:5] for table in rope_tables(8, 5, 10000.0))
     assert torch.autograd.gradcheck(norm64, (x64,))
-    assert torch.autograd.gradcheck(lambda x: apply_rope(x, cos, sin), (x64,))
 
     x = torch.randn(4, 16, 32, requires_grad=True)
     norm, grad = RMSNorm(32, eps=1e-5), torch.randn(4, 16, 32)
@@ -121,9 +119,30 @@ def test_hand_written_backward_passes_are_the_gradients_of_their_forward():
     composite = torch.autograd.grad(torch.nn.RMSNorm.forward(norm, x), (x, norm.weight), grad)
     for ours, theirs in zip(fast, composite):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
-    cos, sin = rope_tables(32, 16, 10000.0)
-    fast_rope = torch.autograd.grad(apply_rope(x, cos, sin), x, grad)
-    torch.testing.assert_close(fast_rope[0], torch.autograd.grad(rotate(x, cos, sin), x, grad)[0])
+
+
+def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as Llama writes it: channel i and i + head_dim/2 of x [..., T, head_dim] rotated by
+    the angle whose cos and sin [T, head_dim // 2] are given."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+
+
+def test_rotating_pairs_is_rotating_halves_with_the_channels_reordered():
+    """Attention rotates queries and keys as channel pairs (2i, 2i + 1) of weights reordered by
+    rope_pairs: the same values as Llama's rotation of halves, channels in pair order, and the
+    same gradient (float64, numerically)."""
+    heads, seq, head_dim, width = 3, 7, 8, 16
+    cos, sin = (table.double() for table in rope_tables(head_dim, seq, 10000.0))
+    weight = torch.randn(heads * head_dim, width, dtype=torch.float64)
+    x = torch.randn(2, seq, width, dtype=torch.float64)
+    halves = rotate_halves((x @ weight.T).view(2, seq, heads, head_dim).transpose(1, 2), cos, sin)
+    pair_weight = rope_pairs(weight, heads).flatten(0, 2)
+    projected = (x @ pair_weight.T).view(2, seq, heads, head_dim).requires_grad_()
+    pairs = rotate_pairs(projected, torch.complex(cos, sin)[:, None]).transpose(1, 2)
+    order = torch.arange(head_dim).view(2, -1).T.flatten()  # pair order: 0, hd/2, 1, hd/2 + 1, ...
+    torch.testing.assert_close(pairs, halves[..., order], rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda p: rotate_pairs(p, torch.complex(cos, sin)[:, None]), (projected,))
 
 
 def test_same_seed_same_init_and_init_std():

@@ -13,11 +13,11 @@ from jobs.checkpoint import (checkpoint_paths, keep_final_weights, latest_checkp
                              snapshot_paths, snapshots)
 from jobs.families import build_model, family_of
 from jobs.flops import schedule_flops
-from jobs.model import Decoder, rotate
+from jobs.model import Decoder
 from jobs.optim import build_optimizer
 from jobs.train import learning_rate, snapshot_steps, train, train_step
 from store import integrity
-from test_model import micro_cfg
+from test_model import micro_cfg, rotate_halves
 
 BATCH, SEQ, VOCAB = 8, 16, 16
 
@@ -211,8 +211,8 @@ def test_load_model_for_evaluation(reference, tmp_path):
 
 def plain_logits(model: Decoder, tokens: torch.Tensor) -> torch.Tensor:
     """Decoder.forward in plain math, differentiated by autograd: a matmul per projection,
-    F.rms_norm, the rotation as written (jobs.model.rotate), softmax(q k^T) v attention; none of
-    the fused paths or hand-written backward passes."""
+    F.rms_norm, the rotation of halves as Llama writes it, softmax(q k^T) v attention; none of
+    the fused paths, reordered channels or hand-written backward passes."""
     batch, seq = tokens.shape
     cos, sin = model.rope_cos[:seq], model.rope_sin[:seq]
 
@@ -228,8 +228,8 @@ def plain_logits(model: Decoder, tokens: torch.Tensor) -> torch.Tensor:
         block = model.layers[index]
         attn, normed = block.attn, norm(block.attn_norm, x)
         group = attn.n_heads // attn.n_kv_heads
-        q = rotate(heads(attn.q_proj, normed, attn.n_heads, attn.head_dim), cos, sin)
-        k = rotate(heads(attn.k_proj, normed, attn.n_kv_heads, attn.head_dim), cos, sin)
+        q = rotate_halves(heads(attn.q_proj, normed, attn.n_heads, attn.head_dim), cos, sin)
+        k = rotate_halves(heads(attn.k_proj, normed, attn.n_kv_heads, attn.head_dim), cos, sin)
         v = heads(attn.v_proj, normed, attn.n_kv_heads, attn.head_dim)
         scores = q @ k.repeat_interleave(group, dim=1).transpose(-1, -2) / math.sqrt(attn.head_dim)
         mixed = scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v.repeat_interleave(group, dim=1)
