@@ -8,7 +8,8 @@
    clipping, fused AdamW: its default optimizer from torch 2.8 on), at the same threads and
    batch; our step's CPU changes toggled off one by one (the model's fused attention projection
    is not: tests/unit/test_train.py holds it to the plain path); then both under torch.compile (ours
-   as `train.compile=true` does it). All variants are timed in alternating rounds so that
+   as `train.compile=true` does it, HF as its Trainer does, and HF with our compile options, to
+   show what they alone buy). All variants are timed in alternating rounds so that
    machine noise hits them alike, and the median step is reported.
 3. MFU: model FLOPs per second of our step (jobs/flops.py, the accounting the reports use)
    against the measured peak of a large fp32 matmul at the same threads.
@@ -45,7 +46,7 @@ from jobs.flops import flop_ratio, flops_per_token  # noqa: E402
 import jobs.model  # noqa: E402
 from jobs.model import ModelConfig  # noqa: E402
 from jobs.optim import build_optimizer  # noqa: E402
-from jobs.train import train, train_step  # noqa: E402
+from jobs.train import compile_options, train, train_step  # noqa: E402
 from orchestrator.config import compose_run, hydra_session  # noqa: E402
 
 console = Console()
@@ -225,14 +226,16 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
     assert gap < 1e-4, f"the two models disagree (max |logit gap| {gap:.2e}): not the same config"
     opt_ours, opt_hf = build_optimizer(ours, cfg.train), build_optimizer(hf, cfg.train)
     opt_loop = build_optimizer(ours, cfg.train, fused=False)
+    ours_options = compile_options(torch.device("cpu"))
     # The variants and compiled twins share their weights with the eager models: each step moves
     # them a little, which changes nothing in the time a step takes.
     median = alternate({"HF": (hf_step, hf, opt_hf), "ours": (train_step, ours, opt_ours),
                         "ours, autograd's RMSNorm and rotation": (composite_step, ours, opt_ours),
                         "ours, per-tensor clip": (plain_step, ours, opt_ours),
                         "ours, per-tensor clip, per-parameter AdamW": (plain_step, ours, opt_loop),
-                        "ours, compiled": (train_step, torch.compile(ours), opt_ours),
-                        "HF, compiled": (hf_step, torch.compile(hf), opt_hf)},
+                        "ours, compiled": (train_step, torch.compile(ours, options=ours_options), opt_ours),
+                        "HF, compiled": (hf_step, torch.compile(hf), opt_hf),
+                        "HF, compiled with ours' options": (hf_step, torch.compile(hf, options=ours_options), opt_hf)},
                        stream, rounds, steps_per_round)
     tokens = cfg.train.batch_size * cfg.data.seq_len
 
@@ -247,7 +250,8 @@ def throughput(size: str, threads: int, rounds: int, steps_per_round: int) -> No
               "ours, per-tensor clip": "ours, clip_grad_norm_ per tensor",
               "ours, per-tensor clip, per-parameter AdamW": "ours, per-tensor clip, per-parameter AdamW",
               "HF, compiled": "HF, torch.compile",
-              "ours, compiled": "ours, train.compile=true (torch.compile)"}
+              "ours, compiled": "ours, train.compile=true (torch.compile)",
+              "HF, compiled with ours' options": f"HF, torch.compile with train.compile's options {ours_options}"}
     for name, label in labels.items():
         baseline = median["HF, compiled" if "compiled" in name else "HF"]
         table.add_row(label, f"{median[name] * 1e3:.1f}ms", f"{tokens / median[name]:,.0f}",

@@ -144,6 +144,13 @@ def choose(run: dict, model: Decoder, steps_done: int, loss: float) -> None:
                          "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}}
 
 
+def compile_options(device: torch.device) -> dict | None:
+    """Inductor's options for `train.compile=true`: on the CPU the compiled code calls its kernels
+    from C++ rather than Python (cpp_wrapper), a few percent of a `tiny` step where kernels are
+    small, for no longer compilation (docs/performance.md); elsewhere the defaults."""
+    return {"cpp_wrapper": True} if device.type == "cpu" else None
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: Tensor,
                targets: Tensor, grad_clip: float, scale: float = 1.0) -> Tensor:
     """One optimizer step; returns the loss tensor without synchronising on it.
@@ -180,7 +187,7 @@ def train(
     device = resolve_device(cfg)
     model, optimizer, run = restore(cfg, run_dir, device)
     if train_cfg.compile:
-        model.compile()  # in place, so the state dict keeps its keys; a growth step recompiles
+        model.compile(options=compile_options(device))  # in place: the state dict keeps its keys; growth recompiles
     module = wrap(model)
     family = family_of(cfg.family)
     stages = family.stages(cfg.model, total)
