@@ -1,5 +1,5 @@
 # Two commands on a fresh machine: `make run` (demo sweep) and `make test` (whole suite);
-# `make check` (static checks and the unit tier, about 90 seconds) after every change.
+# `make check` (static checks and the unit tier, about a minute) after every change.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
