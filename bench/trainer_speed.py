@@ -103,10 +103,10 @@ def plain_step(model, optimizer, inputs, targets, grad_clip: float) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def rotate_pairs_in_reals(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+def rotate_pairs_in_reals(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """jobs.model.rotate_pairs as Llama's rotation computes it: four real products, a sum and a
     difference, and a stack, each differentiated by autograd."""
-    even, odd, cos, sin = x[..., 0::2], x[..., 1::2], freqs.real, freqs.imag
+    even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
 

@@ -29,20 +29,20 @@ def rope_pairs(weight: Tensor, n_heads: int) -> Tensor:
     return weight.unflatten(0, (n_heads, 2, -1)).transpose(1, 2)
 
 
-def rotate_pairs(x: Tensor, freqs: Tensor) -> Tensor:
-    """Rotate the channel pairs (2i, 2i + 1) of x [..., head_dim] by the angles whose cos + i sin
-    `freqs` holds (broadcast against [..., head_dim // 2]).
+def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the channel pairs (2i, 2i + 1) of x [..., head_dim] by the angles whose cos and sin
+    are given (broadcast against [..., head_dim // 2]).
 
-    Run eagerly, it is one complex multiplication (its gradient, by the conjugate, one more): on
-    the CPU a third of the time of four real products and a concatenation. Compiled, it is the
-    real products, which Inductor fuses into one kernel (complex numbers it leaves to eager
-    kernels). Half precision (autocast's bfloat16) is rotated in float32, as Llama's rotation
-    promotes it against float32 tables."""
+    Run eagerly, it is one complex multiplication by cos + i sin (its gradient, by the conjugate,
+    one more): on the CPU a third of the time of four real products and a concatenation. Compiled,
+    it is the real products, which Inductor fuses into one kernel (complex numbers it leaves to
+    eager kernels). Half precision (autocast's bfloat16) is rotated in float32, as Llama's
+    rotation promotes it against float32 tables."""
     if torch.compiler.is_compiling():
-        even, odd, cos, sin = x[..., 0::2], x[..., 1::2], freqs.real, freqs.imag
+        even, odd = x[..., 0::2], x[..., 1::2]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).type_as(x)
     pairs = torch.view_as_complex(x.to(torch.promote_types(x.dtype, torch.float32)).unflatten(-1, (-1, 2)))
-    return torch.view_as_real(pairs * freqs).flatten(-2).type_as(x)
+    return torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2).type_as(x)
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -130,7 +130,7 @@ class Attention(nn.Module):
                             self.v_proj.weight.unflatten(0, (self.n_kv_heads, -1, 2)))).flatten(0, 2)
         qk, v = F.linear(x, weight).view(batch, seq, n_rotated + self.n_kv_heads, self.head_dim).split(
             (n_rotated, self.n_kv_heads), dim=2)  # split, not two slices: its gradient is one concatenation
-        q, k = rotate_pairs(qk, torch.complex(cos, sin)[:, None]).transpose(1, 2).split(
+        q, k = rotate_pairs(qk, cos[:, None], sin[:, None]).transpose(1, 2).split(
             (self.n_heads, self.n_kv_heads), dim=1)
         return q, k, v.transpose(1, 2)
 

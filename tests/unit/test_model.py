@@ -139,10 +139,10 @@ def test_rotating_pairs_is_rotating_halves_with_the_channels_reordered():
     halves = rotate_halves((x @ weight.T).view(2, seq, heads, head_dim).transpose(1, 2), cos, sin)
     pair_weight = rope_pairs(weight, heads).flatten(0, 2)
     projected = (x @ pair_weight.T).view(2, seq, heads, head_dim).requires_grad_()
-    pairs = rotate_pairs(projected, torch.complex(cos, sin)[:, None]).transpose(1, 2)
+    pairs = rotate_pairs(projected, cos[:, None], sin[:, None]).transpose(1, 2)
     order = torch.arange(head_dim).view(2, -1).T.flatten()  # pair order: 0, hd/2, 1, hd/2 + 1, ...
     torch.testing.assert_close(pairs, halves[..., order], rtol=1e-12, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda p: rotate_pairs(p, torch.complex(cos, sin)[:, None]), (projected,))
+    assert torch.autograd.gradcheck(lambda p: rotate_pairs(p, cos[:, None], sin[:, None]), (projected,))
 
 
 def test_same_seed_same_init_and_init_std():
