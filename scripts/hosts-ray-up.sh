@@ -43,7 +43,11 @@ MEM=$((MEM_MB * 1024 * 1024))
 ARGS=(--block --num-cpus="$CPUS" --num-gpus=0 --memory="$MEM" --object-store-memory=$((100 * 1024 * 1024))
       --disable-usage-stats)
 
-alive_nodes() { on 1 "$RAY" status --address="$HEAD" 2>/dev/null | grep -c " node_" || true; }
+# The node lines of `ray status`'s Active/Idle sections (its Recent failures name dead nodes too:
+# counting those, a killed host would pass for rejoined); the same program as ALIVE_NODES_AWK in
+# orchestrator/executors/slurm.py.
+alive_nodes() { on 1 "$RAY" status --address="$HEAD" 2>/dev/null |
+  awk '/^(Active|Idle):/ {on = 1; next} /^[^ ]/ {on = 0} on && $2 ~ /^node_/ {n += $1} END {print n + 0}'; }
 has_raylet() { local p; for p in $(pids "$1"); do
   tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "/raylet/raylet " && return 0; done; return 1; }
 start_node() {  # start_node K ARGS...: a detached `ray start --block` on host K
@@ -52,10 +56,10 @@ start_node() {  # start_node K ARGS...: a detached `ray start --block` on host K
   on "$k" setsid "$RAY" start "$@" "${ARGS[@]}" --node-ip-address="$(addr "$k")" \
     --node-name="node$k" >> "$DIR/log/ray-node$k.log" 2>&1 < /dev/null &
 }
-wait_nodes() {
+wait_nodes() {  # wait_nodes -ge|-le COUNT: until Ray counts at least (at most) COUNT nodes up
   local deadline=$((SECONDS + TIMEOUT))
-  until [ "$(alive_nodes)" -ge "$1" ]; do
-    [ $SECONDS -lt $deadline ] || die "Ray: fewer than $1 nodes after ${TIMEOUT}s (see $DIR/log/ray-node*.log)"
+  until [ "$(alive_nodes)" "$1" "$2" ]; do
+    [ $SECONDS -lt $deadline ] || die "Ray: not $1 $2 nodes up after ${TIMEOUT}s (see $DIR/log/ray-node*.log)"
     sleep 0.5
   done
 }
@@ -63,9 +67,13 @@ wait_nodes() {
 if ! on 1 "$RAY" status --address="$HEAD" >/dev/null 2>&1; then
   bash "$SCRIPTS/hosts-ray-down.sh" >/dev/null 2>&1 || true   # a half-started cluster
   start_node 1 --head --port="$PORT" --include-dashboard=false
-  wait_nodes 1
+  wait_nodes -ge 1
 fi
-for k in $(seq 2 "$N"); do has_raylet "$k" || start_node "$k" --address="$HEAD"; done
-wait_nodes "$N"
+MISSING=(); for k in $(seq 2 "$N"); do has_raylet "$k" || MISSING+=("$k"); done
+# A killed host's node stays up in Ray's view until its health checks fail (about 15 s): wait for
+# that first, so that the count below is of the nodes that rejoin, not of one that is gone.
+wait_nodes -le $((N - ${#MISSING[@]}))
+for k in "${MISSING[@]}"; do start_node "$k" --address="$HEAD"; done
+wait_nodes -ge "$N"
 echo "ray($BED): up, head $HEAD (node1), $N nodes x $CPUS CPU, token in $DIR/ray/env" \
      "($((SECONDS - START)) s)"

@@ -15,6 +15,11 @@ from orchestrator.executors.slurm_tools import (Request, SlurmExecutor, header, 
 from orchestrator.plan import PlannedRun, check_fit
 from store.store import Store
 
+# Ray's nodes that are up, counted from `ray status`: the node lines of its Active (and, in Ray's
+# newer autoscaler, Idle) sections. Its "Recent failures" section names dead nodes too, so a plain
+# count of node lines would count a node that died and is rejoining as already there.
+ALIVE_NODES_AWK = "/^(Active|Idle):/ {on = 1; next} /^[^ ]/ {on = 0} on && $2 ~ /^node_/ {n += $1} END {print n + 0}"
+
 
 def inner_overrides(overrides: list[str]) -> list[str]:
     """The user's overrides minus the cluster ones: inside the allocation the cluster is Ray."""
@@ -82,7 +87,7 @@ class SlurmAllocationExecutor(SlurmExecutor):
             "# Never `ray stop` here: it would stop every Ray of this user on the node.",
             'stop_ray() { kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }',
             'trap stop_ray EXIT',
-            'ray_nodes() { ray status --address="$RAY_ADDRESS" 2>/dev/null | grep -c " node_" || true; }',
+            f'ray_nodes() {{ ray status --address="$RAY_ADDRESS" 2>/dev/null | awk {shlex.quote(ALIVE_NODES_AWK)}; }}',
             'wait_nodes() {',
             f'  for _ in $(seq {int(cl.ray_start_timeout_s)}); do',
             '    [ "$(ray_nodes)" -ge "$1" ] && return 0; sleep 1',

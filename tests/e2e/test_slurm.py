@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.executors.slurm import inner_overrides
+from orchestrator.executors.slurm import ALIVE_NODES_AWK, inner_overrides
 from orchestrator.executors.slurm_tools import active
 from store.store import DONE, Store
 
@@ -282,3 +282,30 @@ def test_misfits_name_each_key_against_the_partition():
         "cluster.time (asks 3-00:00:00, its limit is 2880 minutes)"]
     assert [minutes(t) for t in ("04:00:00", "30", "10:30", "1-00:00:00", "2-12", "infinite")] == [
         240, 30, 10.5, 1440, 3600, None]
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_the_node_count_the_ray_bring_up_waits_for_leaves_out_dead_nodes(legacy):
+    """The allocation (and the test bed's hosts-ray-up.sh) waits until `ray status` shows every
+    node; its "Recent failures" section names dead nodes as well, which must not count: a host
+    killed and rejoining would pass for up before its new node registered. The status text comes
+    from Ray's own formatter, in its v1 (Active only) and newer (Active and Idle) shapes."""
+    from ray.autoscaler._private.autoscaler import AutoscalerSummary
+    from ray.autoscaler._private.util import LoadMetricsSummary, format_info_string
+
+    def count(active: dict[str, int], idle: dict[str, int], failed: list[tuple[str, str]]) -> int:
+        summary = AutoscalerSummary(active_nodes=active, idle_nodes=idle, pending_nodes=[],
+                                    pending_launches={}, failed_nodes=failed, legacy=legacy)
+        load = LoadMetricsSummary(usage={"CPU": (1.0, 3.0)}, resource_demand=[], pg_demand=[],
+                                  request_demand=[], node_types=[])
+        text = format_info_string(load, summary)
+        got = subprocess.run(["awk", ALIVE_NODES_AWK], input=text, capture_output=True, text=True, check=True)
+        return int(got.stdout)
+
+    up, dead = {"node_" + "a" * 56: 1, "node_" + "b" * 56: 1}, [("10.0.0.2", "node_" + "c" * 56)]
+    idle = {} if legacy else {"node_" + "d" * 56: 1}
+    assert count(up, idle, dead) == 2 + len(idle)
+    assert count({}, {}, dead) == 0
+    assert count(up, idle, []) == 2 + len(idle)
+    hosts_script = (Path(__file__).parents[2] / "scripts" / "hosts-ray-up.sh").read_text()
+    assert f"awk '{ALIVE_NODES_AWK}'" in hosts_script  # the test bed counts the same way
