@@ -24,7 +24,6 @@ Root only (namespaces). Exit status 0 when every check holds, 1 otherwise. The b
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -94,14 +93,11 @@ def run_ids(store: Path, name: str) -> list[str]:
 
 
 def train_state(store: Path, rid: str) -> dict:
-    try:
-        return json.loads((store / "runs" / rid / "state.json").read_text())["jobs"]["train"]
-    except (OSError, ValueError, KeyError):
-        return {}
+    return dict(Store(store).read_state(rid).get("jobs", {}).get("train", {}))
 
 
 def checkpoint_files(store: Path, rid: str) -> dict[str, int]:
-    return {p.name: p.stat().st_mtime_ns for p in (store / "runs" / rid / "checkpoints").glob("step_*")}
+    return {p.name: p.stat().st_mtime_ns for p in Path(Store(store).layout.run(rid).checkpoints).glob("step_*")}
 
 
 class Chaos:
@@ -273,10 +269,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                for job, s in store.read_state(rid).get("jobs", {}).items() if s.get("attempts", 0) > 1}
     identical, differ = 0, []
     for rid in done:
-        got = json.loads((sweep.store / "runs" / rid / "metrics.json").read_text())["metrics"]
-        ref = json.loads((reference.store / "runs" / rid / "metrics.json").read_text())["metrics"]
-        h = pd.read_parquet(sweep.store / "runs" / rid / "history.parquet")
-        hr = pd.read_parquet(reference.store / "runs" / rid / "history.parquet")
+        got = store.read_metrics(rid)["metrics"]
+        ref = Store(reference.store).read_metrics(rid)["metrics"]
+        h = pd.read_parquet(store.layout.run(rid).history)
+        hr = pd.read_parquet(Store(reference.store).layout.run(rid).history)
         if {k: got[k] for k in COMPARED} == {k: ref[k] for k in COMPARED} and h.equals(hr):
             identical += 1
         else:
@@ -298,7 +294,7 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"({', '.join(f'{k} {v}' for k, v in sorted(chaos.injected.items())) or 'none'}); "
           f"driver runs: {sweep.starts}")
     print(f"jobs retried: {len(retried)} started again ({sum(a - 1 for a in retried.values())} extra "
-          f"attempts in state.json); Ray task retries logged by the drivers: {ray_retries}")
+          f"attempts in the runs' states); Ray task retries logged by the drivers: {ray_retries}")
     print(f"runs finished: {len(done)} of {len(ids)}; lost: {len(lost)}")
     print(f"metrics and history equal to the undisturbed run's, bit for bit: {identical} of {len(done)}"
           + (f"; differ: {', '.join(differ)}" if differ else ""))

@@ -31,7 +31,7 @@ from config.model import ModelConfig
 from config.run import JobConfig
 from jobs.families import build_model, family_of
 from jobs.model import Decoder
-from jobs.nanotron.render import model_config, stage_dir
+from jobs.nanotron.render import CONFIG_FILE, model_config, stage_dir
 
 
 CHECKPOINT_VERSION = "1.5"  # nanotron's CHECKPOINT_VERSION at the pinned commit
@@ -215,7 +215,7 @@ def write_step(checkpoints_path: Path, step: int, tensors: Mapping[str, Tensor],
         write_tensor(step_dir / "model", name, tensor, *split_of(name, tensor, model_cfg))
     write_text(step_dir / "model_config.json", json.dumps(model_cfg_doc, indent=2, sort_keys=True))
     if config_yaml is not None:
-        write_text(step_dir / "config.yaml", config_yaml)
+        write_text(step_dir / CONFIG_FILE, config_yaml)
     write_text(step_dir / "checkpoint_metadata.json", json.dumps(metadata, indent=2, sort_keys=True))
     write_text(Path(checkpoints_path) / "latest.txt", str(step))
     return step_dir

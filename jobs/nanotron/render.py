@@ -55,6 +55,9 @@ def layout(cfg: JobConfig) -> Layout:
     return Layout(r.nodes, int(r.gpus), nt.tp, nt.pp)
 
 
+CONFIG_FILE = "config.yaml"  # nanotron's name for its config: in a stage directory and in each checkpoint
+
+
 def stage_dir(run_dir: Path, index: int) -> Path:
     return Path(run_dir) / "nanotron" / f"stage{index}"
 
@@ -195,7 +198,7 @@ def dry_run_text(cfg: JobConfig, run_id: str, run_dir: Path) -> str:
     for i, stage in enumerate(stages(cfg)):
         resume = None if i == 0 else stage_dir(run_dir, i) / "grown"
         doc = render_stage(cfg, run_dir, i, f"{run_id}-stage{i}", resume, load_optimizer=i == 0)
-        config_file = stage_dir(run_dir, i) / "config.yaml"
+        config_file = stage_dir(run_dir, i) / CONFIG_FILE
         argv = command(cfg, config_file, master_port="$MASTER_PORT")
         env = " ".join(f"{k}={v}" for k, v in environment(cfg, i).items())
         out += [f"# stage {i}: {stage.n_layers} layers, steps {stage.start_step}..{stage.end_step}"

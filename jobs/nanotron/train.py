@@ -134,7 +134,7 @@ def train_job(cfg: JobConfig, run_dir: Path, progress: Optional[Callable[[dict],
         resume, load_optimizer = start
         doc = render.render_stage(cfg, run_dir, index, _run_name(run_dir, index), resume, load_optimizer)
         with tempfile.TemporaryDirectory(prefix="nanotron-") as tmp:
-            config_file = (render.stage_dir(run_dir, index) if leader else Path(tmp)) / "config.yaml"
+            config_file = (render.stage_dir(run_dir, index) if leader else Path(tmp)) / render.CONFIG_FILE
             write_text(config_file, render.to_yaml(doc), durable=False)
             run(render.entry(cfg, config_file), nproc_per_node=lay.gpus_per_node, nnodes=lay.nodes,
                 node_rank=rdv["node_rank"], master_addr=rdv["master_addr"], master_port=rdv["master_port"],
