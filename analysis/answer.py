@@ -84,7 +84,9 @@ def _missing_lines(analysis: Analysis) -> list[str]:
 def mechanism_lines(analysis: Analysis) -> list[str]:
     """Per metric that declares a mechanism (MetricSpec.mechanism) and per size, one sentence:
     which families formed it (median over their seeds at least `present_at`) and which did not,
-    so that nobody reads mechanistic numbers from models that have none."""
+    so that nobody reads mechanistic numbers from models that have none; then the runs that went
+    the other way from their family's median, named by seed (a family whose seeds split is a
+    finding, and its intervals carry that spread)."""
     lines = []
     for metric in sorted(m for m in set(analysis.values["metric"]) if analysis.spec_of(m).mechanism):
         spec = analysis.spec_of(metric)
@@ -107,8 +109,24 @@ def mechanism_lines(analysis: Analysis) -> list[str]:
                 sentence = (f"{listed(formed)} formed {spec.mechanism} at {size} but {listed(missing)} did not"
                             f" ({rule}); the mechanistic numbers of {listed(missing)} describe models without"
                             f" {spec.mechanism}.")
+            odd = [_odd_runs(group[group["family"] == f], f, present_at, f in formed) for f in order]
+            if any(odd):
+                sentence += f" Not every run agrees: {listed([o for o in odd if o])}."
             lines.append(f"- {sentence}")
     return lines
+
+
+def _odd_runs(runs: pd.DataFrame, family: str, present_at: float, formed: bool, named: int = 6) -> str:
+    """"k of n <family> runs did not form them (seeds ...)": the runs on the other side of
+    `present_at` from their family's median ("" when none); at most `named` seeds named."""
+    runs = runs.dropna(subset=["value"])
+    odd = runs[(runs["value"] >= present_at) != formed]
+    if odd.empty:
+        return ""
+    seeds = [str(seed) for seed in sorted(set(odd["seed"]))]
+    shown = seeds if len(seeds) <= named else [*seeds[:named], f"{len(seeds) - named} more"]
+    return (f"{len(odd)} of {len(runs)} {family} runs {'did not form them' if formed else 'formed them'}"
+            f" (seed{'s' if len(seeds) > 1 else ''} {listed(shown)})")
 
 
 def _reference_cautions(analysis: Analysis) -> list[str]:

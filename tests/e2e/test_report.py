@@ -374,13 +374,19 @@ def test_headline_states_decisive_claims(decisive_store):
     ({"dense": [0.10, 0.12, 0.60], "lidas": [0.70, 0.80, 0.20], "looped": [0.55, 0.60, 0.90]},
      "- lidas and looped formed induction heads at tiny but dense did not (median best induction-head score over"
      " seeds, 0.5 or more counts: dense 0.12, lidas 0.7 and looped 0.6); the mechanistic numbers of dense describe"
-     " models without induction heads."),
+     " models without induction heads. Not every run agrees: 1 of 3 dense runs formed them (seed 2) and 1 of 3"
+     " lidas runs did not form them (seed 2)."),
     ({"dense": [0.10, 0.12, 0.60], "lidas": [0.10, 0.09, 0.2], "looped": [0.15, 0.1, 0.9]},
      "- No family formed induction heads at tiny (median best induction-head score over seeds, 0.5 or more counts:"
-     " dense 0.12, lidas 0.1 and looped 0.15), so their mechanistic numbers describe models without induction heads."),
+     " dense 0.12, lidas 0.1 and looped 0.15), so their mechanistic numbers describe models without induction heads."
+     " Not every run agrees: 1 of 3 dense runs formed them (seed 2) and 1 of 3 looped runs formed them (seed 2)."),
     ({"dense": [0.5, 0.6, 0.7], "lidas": [0.7, 0.8, 0.2], "looped": [0.55, 0.6, 0.9]},
      "- Every family formed induction heads at tiny (median best induction-head score over seeds, 0.5 or more"
-     " counts: dense 0.6, lidas 0.7 and looped 0.6)."),
+     " counts: dense 0.6, lidas 0.7 and looped 0.6). Not every run agrees: 1 of 3 lidas runs did not form them"
+     " (seed 2)."),
+    ({"dense": [0.5, 0.6, 0.7], "lidas": [0.7, 0.8, 0.9], "looped": [0.55, 0.6, 0.9]},
+     "- Every family formed induction heads at tiny (median best induction-head score over seeds, 0.5 or more"
+     " counts: dense 0.6, lidas 0.8 and looped 0.6)."),
 ])
 def test_the_headline_says_whether_the_models_formed_induction_heads(tmp_path, scores, expected):
     """One sentence on the declared mechanism (induction_max's median over seeds against 0.5), so
