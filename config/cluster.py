@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 # sbatch reads `#SBATCH` lines itself, without a shell: their values must be single plain words.
 SBATCH_WORD = re.compile(r"[A-Za-z0-9_.,:@%+=/-]+")
+# A Ray head's address: host:port (a name, an IPv4 or a bracketed IPv6 address), ray:// for Ray Client.
+RAY_ADDRESS = re.compile(r"(ray://)?([A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,11 @@ class RayClusterConfig(ClusterConfig):
     def check(self, run: RunConfig) -> None:
         require(bool(self.address), "cluster.address: cluster=ray needs the address of a running cluster, "
                 "e.g. cluster.address=10.0.0.5:6379 (or auto for the one started on this machine)")
+        if self.address != "auto":
+            match = RAY_ADDRESS.fullmatch(str(self.address))
+            require(match is not None and 0 < int(match[3]) < 65536,
+                    f"cluster.address={self.address}: not host:port; give the head's address and port, "
+                    f"e.g. cluster.address=10.0.0.5:6379 (ray://10.0.0.5:10001 for Ray Client, or auto)")
 
 
 @dataclass(frozen=True)

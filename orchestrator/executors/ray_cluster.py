@@ -102,13 +102,12 @@ def _join_problem(address: str, timeout: float) -> Optional[str]:
 
 
 def _not_listening(address: str, timeout: float) -> Optional[str]:
-    """Why nothing takes a TCP connection at `address` (host:port, or ray://host:port), or None."""
+    """Why nothing takes a TCP connection at `address` (host:port, or ray://host:port, as the
+    config's check requires), or None."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             return None
-    except ValueError:
-        return "not host:port (e.g. 10.0.0.5:6379, or auto)"
     except socket.timeout:
         return f"no answer within {timeout:g} s"
     except OSError as e:

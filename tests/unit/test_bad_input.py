@@ -133,7 +133,10 @@ PREFLIGHT = [
     ([*MICRO, "--name", "x" * 121], 2, "it names a directory under sweeps/; use up to 120 letters"),
     ([*MICRO, "cluster=ray", "cluster.address=127.0.0.1:1"], 1,
      "cluster.address=127.0.0.1:1: nothing listening there (Connection refused); check that `ray start --head`"),
-    ([*MICRO, "cluster=ray", "cluster.address=nowhere"], 1, "cluster.address=nowhere: not host:port"),
+    ([*MICRO, "cluster=ray", "cluster.address=nowhere"], 2, "cluster.address=nowhere: not host:port; give the"),
+    ([*MICRO, "cluster=ray", "cluster.address=10.0.0.5"], 2, "cluster.address=10.0.0.5: not host:port"),
+    ([*MICRO, "cluster=ray", "cluster.address=:6379"], 2, "cluster.address=:6379: not host:port"),
+    ([*MICRO, "cluster=ray", "cluster.address=10.0.0.5:70000"], 2, "cluster.address=10.0.0.5:70000: not host:port"),
 ]
 
 
