@@ -117,8 +117,8 @@ def mechanism_lines(analysis: Analysis) -> list[str]:
 
 
 def _odd_runs(runs: pd.DataFrame, family: str, present_at: float, formed: bool, named: int = 6) -> str:
-    """"k of n <family> runs did not form them (seeds ...)": the runs on the other side of
-    `present_at` from their family's median ("" when none); at most `named` seeds named."""
+    """The clause 'k of n <family> runs did not form them (seeds ...)': the runs on the other side
+    of `present_at` from their family's median ('' when none); at most `named` seeds named."""
     runs = runs.dropna(subset=["value"])
     odd = runs[(runs["value"] >= present_at) != formed]
     if odd.empty:
